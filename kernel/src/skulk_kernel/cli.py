@@ -1,0 +1,156 @@
+"""`skulk-kernel`: run a node, list plugins, show profiles.
+
+Listing and showing read package metadata only, so they work on any OS without heavy libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .plugins import PluginLoadError, installed_plugins, kernel_version
+from .profiles import ProfileError, bundled_profile_names, load_profile
+
+DEFAULT_PROFILE = os.environ.get("SKULK_PROFILE", "cpu-llamacpp")
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.INFO - 10 * verbosity
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    running = kernel_version()
+    plugins = installed_plugins()
+    if args.json:
+        print(json.dumps([p.__dict__ | {"compatible": p.kernel_compatible(running)}
+                          for p in plugins.values()], indent=2))
+        return 0
+    print(f"skulk-kernel {running}")
+    if not plugins:
+        print("no plugins installed")
+    for info in sorted(plugins.values(), key=lambda p: p.name):
+        ok = "" if info.kernel_compatible(running) else "  INCOMPATIBLE with this kernel"
+        print(f"  {info.name:<20} {info.distribution} {info.version:<8} "
+              f"kernel{info.kernel_range or ' any'}{ok}")
+    return 0
+
+
+def cmd_profile_show(args: argparse.Namespace) -> int:
+    profile = load_profile(args.name)
+    plugins = installed_plugins()
+    running = kernel_version()
+    print(f"profile {profile.name} ({profile.source})")
+    if profile.description:
+        print(f"  {profile.description}")
+    print("plugins:")
+    missing = 0
+    for name in profile.plugins:
+        info = plugins.get(name)
+        if info is None:
+            from .plugins import install_hint
+
+            missing += 1
+            print(f"  {name:<20} MISSING: {install_hint(name)}")
+        else:
+            ok = "ok" if info.kernel_compatible(running) else f"needs skulk-kernel{info.kernel_range}"
+            print(f"  {name:<20} {info.distribution} {info.version} ({ok})")
+    print("planes:")
+    for plane in ("control", "telemetry", "data"):
+        print(f"  {plane:<10} {profile.planes.transport_for(plane)}")
+    if profile.plugin_config:
+        print("config:")
+        for plugin, table in profile.plugin_config.items():
+            print(f"  [{plugin}] {json.dumps(table)}")
+    return 1 if missing else 0
+
+
+def cmd_profile_list(args: argparse.Namespace) -> int:
+    for name in bundled_profile_names():
+        print(name)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .node import Node, NodeError, NodeOptions
+
+    profile = load_profile(args.profile)
+    options = NodeOptions(
+        api_port=args.api_port,
+        api_host=args.api_host,
+        no_api=args.no_api,
+        no_worker=args.no_worker,
+        force_master=args.force_master,
+        bootstrap_peers=tuple(p for p in (args.bootstrap_peers or "").split(",") if p),
+        offline=args.offline or NodeOptions().offline,
+        **({"node_name": args.node_name} if args.node_name else {}),
+        **({"home": Path(args.home).expanduser()} if args.home else {}),
+    )
+    if args.no_default_models:
+        options.extra["no_default_models"] = True
+    try:
+        node = Node(profile, options)
+    except NodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(node.run())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="skulk-kernel", description="Skulk inference fabric node")
+    parser.add_argument("--version", action="version", version=f"skulk-kernel {kernel_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start a node")
+    run.add_argument("--profile", default=DEFAULT_PROFILE, help="bundled profile name or a .toml path")
+    run.add_argument("--api-port", type=int, default=int(os.environ.get("SKULK_API_PORT", 52415)))
+    run.add_argument("--api-host", default=os.environ.get("SKULK_API_HOST", "0.0.0.0"))
+    run.add_argument("--no-api", action="store_true", help="do not serve HTTP on this node")
+    run.add_argument("--no-worker", action="store_true", help="never run models on this node")
+    run.add_argument("--force-master", action="store_true", help="prefer this node in elections")
+    run.add_argument("--bootstrap-peers", default="", help="comma-separated peer addresses")
+    run.add_argument("--node-name", default=None, help="friendly name (default: hostname)")
+    run.add_argument("--home", default=None, help="data directory (default: $SKULK_HOME or ~/.skulk)")
+    run.add_argument("--offline", action="store_true", help="never reach for the internet")
+    run.add_argument("--no-default-models", action="store_true",
+                     help="do not place the profile's default models at start-up")
+    run.add_argument("-v", "--verbose", action="count", default=0)
+    run.add_argument("-q", "--quiet", action="count", default=0)
+    run.set_defaults(func=cmd_run)
+
+    plugins = sub.add_parser("plugins", help="list installed plugins (reads metadata only)")
+    plugins.add_argument("--json", action="store_true")
+    plugins.set_defaults(func=cmd_plugins)
+
+    profile = sub.add_parser("profile", help="inspect profiles")
+    psub = profile.add_subparsers(dest="profile_command", required=True)
+    show = psub.add_parser("show", help="print a profile's resolved composition")
+    show.add_argument("name")
+    show.set_defaults(func=cmd_profile_show)
+    psub.add_parser("list", help="list bundled profiles").set_defaults(func=cmd_profile_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(getattr(args, "verbose", 0) - getattr(args, "quiet", 0))
+    try:
+        return int(args.func(args) or 0)
+    except (ProfileError, PluginLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

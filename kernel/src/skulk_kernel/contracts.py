@@ -1,0 +1,204 @@
+"""The contracts behind the hooks: typing.Protocols that plugins implement and register.
+
+Hooks stay thin; behaviour lives here. Each Protocol is runtime-checkable so the loader can reject
+a registration that is missing a method, and skulk-testing ships a conformance suite per contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .commands import Command
+from .instances import _Shard
+from .models import ModelCard
+from .state import State
+from .tasks import EmbeddingParams, TextGenerationParams, _Chunk
+from .topics import Topic
+
+# ============================== transports =======================================================
+
+
+@dataclass(frozen=True)
+class PeerEvent:
+    """Membership change seen by a transport."""
+
+    node_id: str
+    joined: bool
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Carries one or more planes between nodes.
+
+    Messages are bytes; the runtime does the encoding. Ordering is per publisher per topic.
+    `subscribe` callbacks may run on any thread: the runtime bridges them into asyncio.
+    """
+
+    name: str
+
+    async def start(self, node_id: str, options: dict[str, Any]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def publish(self, topic: Topic, payload: bytes) -> None: ...
+
+    def subscribe(self, topic: Topic, callback: Callable[[str, bytes], None]) -> None:
+        """callback(sender_node_id, payload) for every message on `topic`, own ones included."""
+
+    async def send(self, node_id: str, topic: Topic, payload: bytes) -> None:
+        """Node-addressed delivery (data plane); same-node delivery short-circuits."""
+
+    def on_peer(self, callback: Callable[[PeerEvent], None]) -> None: ...
+
+
+# ============================== election =========================================================
+
+
+@runtime_checkable
+class Election(Protocol):
+    """Decides which node is master. Reports changes through `on_change(master_id | None)`."""
+
+    name: str
+
+    async def start(self, node: Any, on_change: Callable[[str | None], Awaitable[None]]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+# ============================== placement ========================================================
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    model: ModelCard
+    sharding: str = "Pipeline"
+    instance_meta: str = "MlxRing"
+    min_nodes: int = 1
+    excluded_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What a planner may know about one node: live telemetry, never State."""
+
+    node_id: str
+    ram_available: int
+    ram_total: int
+    backends: tuple[str, ...]
+    models_present: frozenset[str] = frozenset()
+
+
+class PlacementError(Exception):
+    """A typed refusal. `retryable` means the cluster is still learning about itself (503)."""
+
+    def __init__(self, kind: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: str
+
+    def place(
+        self,
+        request: PlacementRequest,
+        state: State,
+        nodes: dict[str, NodeCapacity],
+        instance_id: str,
+    ) -> Any:
+        """Return an Instance for `request`, or raise PlacementError. Pure: used for dry runs."""
+
+
+# ============================== engines ==========================================================
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    available: bool
+    version: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """Everything a runner subprocess needs to load one shard; picklable by design."""
+
+    instance_id: str
+    runner_id: str
+    shard: _Shard
+    card: ModelCard
+    model_path: Path | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EngineSession(Protocol):
+    """A loaded shard inside a runner subprocess. Methods are synchronous and may block."""
+
+    def generate(
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+    ) -> Iterator[_Chunk]:
+        """Yield chunks; the last has a finish_reason. Stop soon after `cancelled()` is true."""
+
+    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk: ...
+
+    def count_tokens(self, params: TextGenerationParams) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine. Registered in every process; `load` runs only inside a runner."""
+
+    name: str
+    tasks: frozenset[str]
+    dispatch_width: int  # how many tasks one runner admits at once
+
+    def probe(self) -> EngineProbe: ...
+
+    def backend_tags(self, facts: dict[str, Any]) -> list[str]:
+        """`<engine>-<compute>` tags this node can advertise, from observed facts."""
+
+    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> EngineSession: ...
+
+
+# ============================== model stores =====================================================
+
+
+@runtime_checkable
+class ModelStore(Protocol):
+    """Finds model files and cards on this node."""
+
+    name: str
+
+    def catalog(self) -> dict[str, ModelCard]: ...
+
+    def local_path(self, model_id: str) -> Path | None: ...
+
+
+# ============================== API ==============================================================
+
+
+@runtime_checkable
+class ApiAdapter(Protocol):
+    """A wire format (OpenAI, Anthropic, Ollama): request -> params, chunks -> response bytes."""
+
+    name: str
+
+    def to_params(self, body: dict[str, Any]) -> TextGenerationParams: ...
+
+    def stream(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[bytes]: ...
+
+
+@runtime_checkable
+class InferenceMiddleware(Protocol):
+    def transform(self, command: Command) -> Command: ...
+
+    def observe(self, command: Command, chunk: _Chunk) -> None: ...

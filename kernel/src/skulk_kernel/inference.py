@@ -1,0 +1,160 @@
+"""The API side of a request: resolve the model, send the command, stream the chunks back.
+
+Every API adapter (OpenAI, Anthropic, Ollama, ...) uses this one path, so none of them duplicates
+dispatch, cancellation or failure handling. Adapters only translate wire formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .commands import TaskCancelled, TaskFinished, TextEmbedding, TextGeneration
+from .ids import CommandId, new_id
+from .instances import instance_ready
+from .models import ModelCard
+from .tasks import EmbeddingParams, ErrorChunk, TextGenerationParams, _Chunk, is_terminal
+
+if TYPE_CHECKING:
+    from .node import Node
+
+FIRST_CHUNK_TIMEOUT_S = 600.0
+
+
+class InferenceError(Exception):
+    """A request that cannot be served; `status` is the HTTP status an adapter should answer."""
+
+    def __init__(self, status: int, message: str, *, error_type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.code = code
+        self.param = param
+
+
+def catalog(node: Node) -> dict[str, ModelCard]:
+    """Every card this node knows: model stores first, custom cards (in State) override."""
+    cards: dict[str, ModelCard] = {}
+    for store in node.model_stores.values():
+        with contextlib.suppress(Exception):
+            cards.update(store.catalog())
+    cards.update(node.state.custom_model_cards)
+    return cards
+
+
+def resolve_card(node: Node, ref: str) -> ModelCard | None:
+    cards = catalog(node)
+    found = node.hooks.call("resolve_model", firstresult=True, ref=ref, catalog=cards)
+    return found[0] if found else None
+
+
+def serving_instances(node: Node, model_id: str) -> list[Any]:
+    return [
+        inst for inst in node.state.instances.values()
+        if inst.shard_assignments.model_id == model_id and instance_ready(inst, node.state.runners)
+    ]
+
+
+def resolve_model_id(node: Node, ref: str, task: str = "TextGeneration") -> str:
+    """The model id to run `ref` on, or an InferenceError that says how to fix the request."""
+    card = resolve_card(node, ref)
+    model_id = card.model_id if card else ref
+    placed = [i for i in node.state.instances.values() if i.shard_assignments.model_id == model_id]
+    if card is None and not placed:
+        known = ", ".join(sorted(catalog(node))) or "none"
+        raise InferenceError(404, f"model {ref!r} is not known to this cluster (known models: {known})",
+                             code="model_not_found", param="model")
+    if card is not None and task not in card.tasks:
+        raise InferenceError(400, f"model {model_id!r} does not support {task} (it supports "
+                             f"{', '.join(card.tasks)})", code="unsupported_task", param="model")
+    if not placed:
+        raise InferenceError(
+            404,
+            f"model {model_id!r} has no running instance; place one first with "
+            f"POST /place_instance {{\"model_id\": \"{model_id}\"}} (or from the dashboard)",
+            code="model_not_placed", param="model",
+        )
+    return model_id
+
+
+@dataclass
+class InferenceHandle:
+    node: Node
+    command_id: CommandId
+    iterator: AsyncIterator[_Chunk]
+    first: _Chunk
+    finished: bool = False
+
+    async def chunks(self) -> AsyncIterator[_Chunk]:
+        """Every chunk, the already-awaited first one included; ends after the terminal one."""
+        chunk = self.first
+        while True:
+            if is_terminal(chunk):
+                self.finished = True
+            yield chunk
+            if self.finished:
+                return
+            chunk = await self.iterator.__anext__()
+
+    async def cancel(self) -> None:
+        if not self.finished:
+            self.finished = True
+            await self.node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=self.command_id))
+
+    async def close(self) -> None:
+        """Always called: cancels an unfinished task (client gone) and frees the stream."""
+        if not self.finished:
+            await self.cancel()
+        else:
+            await self.node.submit(TaskFinished(command_id=CommandId(new_id()), task_command_id=self.command_id))
+        self.node.streams.close(self.command_id)
+
+
+async def _start(node: Node, command: TextGeneration | TextEmbedding) -> InferenceHandle:
+    stream = node.streams.open(command.command_id)
+    iterator = stream.__aiter__()
+    await node.submit(command)
+    try:
+        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
+    except (asyncio.TimeoutError, StopAsyncIteration):
+        node.streams.close(command.command_id)
+        raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None
+    except BaseException:
+        node.streams.close(command.command_id)
+        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        raise
+    handle = InferenceHandle(node, command.command_id, iterator, first)
+    if isinstance(first, ErrorChunk) and first.code in ("context_length_exceeded", "invalid_request"):
+        handle.finished = True
+        await handle.close()
+        raise InferenceError(400, first.message, code=first.code)
+    return handle
+
+
+async def generate(node: Node, params: TextGenerationParams) -> InferenceHandle:
+    """Send a TextGeneration command and wait for its first chunk.
+
+    Errors that belong before the response starts (unknown model, no instance, context overflow)
+    raise InferenceError so the adapter can answer with a 4xx instead of a broken stream.
+    """
+    model_id = resolve_model_id(node, params.model_id)
+    if model_id != params.model_id:
+        params = params.model_copy(update={"model_id": model_id})
+    command = TextGeneration(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+    for middleware in node.middleware:
+        with contextlib.suppress(Exception):
+            command = middleware.transform(command)
+    return await _start(node, command)
+
+
+async def embed(node: Node, params: EmbeddingParams) -> InferenceHandle:
+    model_id = resolve_model_id(node, params.model_id, task="TextEmbedding")
+    if model_id != params.model_id:
+        params = params.model_copy(update={"model_id": model_id})
+    command = TextEmbedding(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+    return await _start(node, command)

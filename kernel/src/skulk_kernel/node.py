@@ -1,0 +1,388 @@
+"""The node runtime: one asyncio process that hosts the plugins a profile composes.
+
+The node owns the local State replica (fed only by indexed events), the planes (bridged into
+asyncio), the telemetry readings, the per-command chunk streams and the lifecycle. Roles (master,
+worker, API) are plugins that use these services through the hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pluggy
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from . import codec
+from .apply import apply
+from .commands import Command, ForwardedCommand
+from .events import Event, IndexedEvent, LocalEvent
+from .hooks import GuardedHooks
+from .ids import NodeId, new_id
+from .plugins import build_plugin_manager, kernel_version
+from .profiles import Profile
+from .readings import ReadingStore, probe_readings
+from .state import State
+from .streams import StreamRouter
+from .tasks import Chunk, _Chunk
+from .topics import Topic
+from .transport_local import LocalTransport
+
+log = logging.getLogger("skulk.node")
+HEARTBEAT_INTERVAL_S = 2.0
+_CHUNK = TypeAdapter(Chunk)
+
+
+class NodeError(Exception):
+    """A configuration or composition problem that stops the node before it starts."""
+
+
+@dataclass
+class NodeOptions:
+    home: Path = field(default_factory=lambda: Path(os.environ.get("SKULK_HOME", "~/.skulk")).expanduser())
+    api_port: int = 52415
+    api_host: str = "0.0.0.0"
+    no_api: bool = False
+    no_worker: bool = False
+    force_master: bool = False
+    bootstrap_peers: tuple[str, ...] = ()
+    node_name: str = field(default_factory=socket.gethostname)
+    offline: bool = field(default_factory=lambda: os.environ.get("SKULK_OFFLINE", "") not in ("", "0"))
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry(dict[str, Any]):
+    """Named capabilities registered by plugins; a duplicate name names both plugins."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.owner: dict[str, str] = {}
+
+    def add(self, obj: Any, plugin: str) -> None:
+        name = getattr(obj, "name", None)
+        if not name:
+            raise NodeError(f"plugin {plugin!r} registered a {self.kind} without a name")
+        if name in self:
+            raise NodeError(
+                f"{self.kind} {name!r} is registered by both {self.owner[name]!r} and {plugin!r}"
+            )
+        self[name] = obj
+        self.owner[name] = plugin
+
+
+def collect(pm: pluggy.PluginManager, hook_name: str, kind: str) -> Registry:
+    """Run a register_* hook plugin by plugin so duplicates can name their owners."""
+    registry = Registry(kind)
+    caller = getattr(pm.hook, hook_name)
+    for impl in reversed(caller.get_hookimpls()):
+        impl.function(register=lambda obj, _p=impl.plugin_name: registry.add(obj, _p))
+    return registry
+
+
+class Node:
+    def __init__(self, profile: Profile, options: NodeOptions | None = None,
+                 pm: pluggy.PluginManager | None = None) -> None:
+        self.profile = profile
+        self.options = options or NodeOptions()
+        self.pm = pm or build_plugin_manager(profile)
+        self.hooks = GuardedHooks(self.pm)
+        self.node_id = NodeId(new_id())  # ephemeral: a restarted node is a new node
+        self.home = self.options.home
+        self.state = State()
+        self.readings = ReadingStore()
+        self.streams = StreamRouter()
+        self.master_id: str | None = None
+        self.started_at = time.time()
+        self.health_notes: dict[str, dict[str, str]] = {}  # plugin-reported conditions
+        self.facts: dict[str, Any] = {}
+        self.middleware: list[Any] = []
+        self._config_models: dict[str, type[BaseModel]] = {}
+        self._plugin_config: dict[str, BaseModel] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pending_events: dict[int, IndexedEvent] = {}
+        self._state_changed: asyncio.Condition | None = None
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event_log: Any = None
+        self.transports: dict[str, Any] = {}
+        self.engines = Registry("engine")
+        self.planners = Registry("planner")
+        self.model_stores = Registry("model store")
+        self.elections = Registry("election")
+        self._configure()
+
+    # ---------------------------------------------------------------- configuration
+
+    def _configure(self) -> None:
+        def register(plugin: str, model: type[BaseModel]) -> None:
+            self._config_models[plugin] = model
+
+        self.pm.hook.register_config(register=register)
+        for plugin, model in self._config_models.items():
+            try:
+                self._plugin_config[plugin] = model(**self.profile.config_for(plugin))
+            except ValidationError as exc:
+                raise NodeError(f"[plugins.{plugin}] in profile {self.profile.source}: {exc}") from None
+        unknown = set(self.profile.plugin_config) - set(self._config_models)
+        for plugin in sorted(unknown):
+            log.warning("profile has [plugins.%s] but no loaded plugin declares that config", plugin)
+        self.pm.hook.configure(node=self)
+        self.engines = collect(self.pm, "register_engines", "engine")
+        self.planners = collect(self.pm, "register_planners", "planner")
+        self.model_stores = collect(self.pm, "register_model_stores", "model store")
+        self.elections = collect(self.pm, "register_elections", "election")
+        registered = collect(self.pm, "register_transports", "transport")
+        registered.setdefault("local", LocalTransport())
+        for plane in ("control", "telemetry", "data"):
+            name = self.profile.planes.transport_for(plane)
+            if name not in registered:
+                raise NodeError(
+                    f"profile {self.profile.name!r} puts the {plane} plane on transport {name!r}, "
+                    f"which no loaded plugin registers (have: {sorted(registered)})"
+                )
+            self.transports[plane] = registered[name]
+
+    def plugin_config(self, plugin: str) -> Any:
+        """The validated config model of `plugin` (declared through register_config)."""
+        return self._plugin_config.get(plugin)
+
+    @property
+    def plugin_names(self) -> list[str]:
+        return [n for n, _ in self.pm.list_name_plugin() if n != "kernel-defaults"]
+
+    # ---------------------------------------------------------------- roles
+
+    @property
+    def is_master(self) -> bool:
+        return self.master_id == self.node_id
+
+    async def set_master(self, master_id: str | None) -> None:
+        """Called by the election (or at start when there is none)."""
+        if master_id == self.master_id:
+            return
+        log.info("master is now %s%s", master_id, " (this node)" if master_id == self.node_id else "")
+        self.master_id = master_id
+        await self.hooks.acall("on_master_changed", node=self, master_node_id=master_id,
+                               is_master=master_id == self.node_id)
+
+    @property
+    def event_log(self) -> Any:
+        """The node's event log (SKULK_HOME/events), opened on first use."""
+        if self._event_log is None:
+            from .eventlog import EventLog
+
+            folder = self.home / "events"
+            if folder.is_dir() and any(folder.iterdir()):
+                # Identity is ephemeral: a previous run's log describes a cluster this node is no
+                # longer part of. Keep it for forensics, never replay it.
+                previous = self.home / "events.previous"
+                shutil.rmtree(previous, ignore_errors=True)
+                folder.rename(previous)
+            self._event_log = EventLog(folder)
+        return self._event_log
+
+    # ---------------------------------------------------------------- planes
+
+    def _transport(self, topic: Topic) -> Any:
+        return self.transports[topic.plane.value]
+
+    def subscribe(self, topic: Topic, handler: Callable[[str, bytes], Awaitable[None] | None]) -> None:
+        """Deliver every message on `topic` to `handler(sender, payload)` in order, on the loop."""
+        queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def on_message(sender: str, payload: bytes) -> None:
+            if threading.get_ident() == loop_thread:
+                queue.put_nowait((sender, payload))
+            else:
+                loop.call_soon_threadsafe(queue.put_nowait, (sender, payload))
+
+        async def pump() -> None:
+            while True:
+                sender, payload = await queue.get()
+                try:
+                    result = handler(sender, payload)
+                    if asyncio.iscoroutine(result):
+                        await result
+                except Exception:
+                    log.exception("handler for %s failed on a message from %s", topic.value, sender)
+
+        self._transport(topic).subscribe(topic, on_message)
+        self.spawn(pump(), f"pump-{topic.value}")
+
+    async def publish(self, topic: Topic, payload: bytes) -> None:
+        await self._transport(topic).publish(topic, payload)
+
+    async def submit(self, command: Command) -> None:
+        """Send a command to the master (which validates and sequences it)."""
+        await self.publish(Topic.COMMANDS, codec.encode(ForwardedCommand(origin=self.node_id, command=command)))
+
+    async def emit(self, event: Event) -> None:
+        """Report a local fact (runner status, task ack) for the master to index."""
+        await self.publish(Topic.LOCAL_EVENTS, codec.encode(LocalEvent(origin=self.node_id, event=event)))
+
+    async def send_chunk(self, owner: str, chunk: _Chunk) -> None:
+        """Deliver a chunk to the owning API node; same-node delivery skips encoding."""
+        if owner == self.node_id:
+            self.streams.deliver(chunk)
+        else:
+            await self._transport(Topic.CHUNKS).send(owner, Topic.CHUNKS, codec.encode(chunk))
+
+    def _on_chunk(self, sender: str, payload: bytes) -> None:
+        self.streams.deliver(codec.decode_union(payload, _CHUNK))
+
+    # ---------------------------------------------------------------- state
+
+    async def ingest(self, indexed: IndexedEvent) -> None:
+        """Apply indexed events in order; early ones wait for the gap to fill."""
+        if indexed.idx <= self.state.last_event_applied_idx:
+            return
+        self._pending_events[indexed.idx] = indexed
+        while (nxt := self._pending_events.pop(self.state.last_event_applied_idx + 1, None)):
+            before = self.state
+            self.state = apply(before, nxt)
+            await self.hooks.acall("on_event_applied", node=self, event=nxt, before=before, after=self.state)
+            if self._state_changed is not None:
+                async with self._state_changed:
+                    self._state_changed.notify_all()
+
+    def reset_state(self, state: State) -> None:
+        """Adopt a State wholesale (snapshot from a new master's session)."""
+        self.state = state
+        self._pending_events = {k: v for k, v in self._pending_events.items() if k > state.last_event_applied_idx}
+
+    async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State:
+        """Wait until State satisfies `predicate` (raises TimeoutError)."""
+        assert self._state_changed is not None, "node not started"
+        async with asyncio.timeout(timeout):
+            async with self._state_changed:
+                await self._state_changed.wait_for(lambda: predicate(self.state))
+        return self.state
+
+    async def _on_global_event(self, sender: str, payload: bytes) -> None:
+        if sender != self.master_id and self.master_id is not None:
+            log.debug("ignoring GLOBAL_EVENTS from %s (master is %s)", sender, self.master_id)
+            return
+        await self.ingest(codec.decode(payload, IndexedEvent))
+
+    # ---------------------------------------------------------------- telemetry
+
+    def _publish_readings_once(self) -> list[Any]:
+        self.facts.update(node_id=self.node_id, offline=self.options.offline)
+        self.hooks.call("probe_node", facts=self.facts)
+        backends: list[str] = []
+        for engine in self.engines.values():
+            with contextlib.suppress(Exception):
+                backends += engine.backend_tags(self.facts)
+        return probe_readings(self, tuple(dict.fromkeys(backends)))
+
+    async def _telemetry_loop(self) -> None:
+        while True:
+            readings = await asyncio.to_thread(self._publish_readings_once)
+            for reading in readings:
+                self.readings.put(self.node_id, reading)  # our own readings never wait for the net
+                await self.publish(Topic.READINGS, codec.encode(reading))
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    def _on_reading(self, sender: str, payload: bytes) -> None:
+        if sender != self.node_id:
+            self.readings.put_encoded(sender, payload)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        """Run a background task owned by the node; a crash is logged, never silent."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task %s crashed", name, exc_info=t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._state_changed = asyncio.Condition()
+        self._stop = asyncio.Event()
+        self.home.mkdir(parents=True, exist_ok=True)
+        started: set[int] = set()
+        for plane, transport in self.transports.items():
+            if id(transport) not in started:
+                started.add(id(transport))
+                await transport.start(self.node_id, {"plane": plane, "options": self.options})
+        self.subscribe(Topic.GLOBAL_EVENTS, self._on_global_event)
+        self.subscribe(Topic.READINGS, self._on_reading)
+        self.subscribe(Topic.CHUNKS, self._on_chunk)
+        self.middleware = self.hooks.call("wrap_inference", node=self)
+        await self.hooks.acall("startup", node=self, reverse=True)  # in load order
+        if not self.elections:
+            await self.set_master(self.node_id)  # a lone node with no election leads itself
+        self.spawn(self._telemetry_loop(), "telemetry")
+        log.info("node %s (%s) started with profile %s, kernel %s",
+                 self.node_id, self.options.node_name, self.profile.name, kernel_version())
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        await self.hooks.acall("shutdown", node=self)  # reverse load order
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        stopped: set[int] = set()
+        for transport in self.transports.values():
+            if id(transport) not in stopped:
+                stopped.add(id(transport))
+                with contextlib.suppress(Exception):
+                    await transport.stop()
+        if self._event_log is not None:
+            self._event_log.close()
+        log.info("node %s stopped", self.node_id)
+
+    def request_stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self) -> None:
+        """Start, serve until SIGINT/SIGTERM, stop cleanly."""
+        await self.start()
+        assert self._stop is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop.set)
+        try:
+            await self._stop.wait()
+        finally:
+            await self.stop()
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {
+            "nodeId": self.node_id,
+            "friendlyName": self.options.node_name,
+            "masterNodeId": self.master_id,
+            "isMaster": self.is_master,
+            "skulkVersion": kernel_version(),
+            "skulkCommit": os.environ.get("SKULK_COMMIT", ""),
+            "profile": self.profile.name,
+            "plugins": self.plugin_names,
+            "python": platform.python_version(),
+            "uptimeS": round(time.time() - self.started_at, 1),
+        }

@@ -1,0 +1,146 @@
+"""Plugin discovery and loading.
+
+Plugins are distributions with an entry point in group ``skulk.plugins`` named ``<kind>-<name>``.
+Listing reads package metadata only (no plugin module is imported), so `skulk-kernel plugins` and
+profile validation work on any OS without the heavy libraries some plugins need.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import Version
+
+from . import defaults, hookspecs
+from .profiles import Profile
+
+ENTRY_POINT_GROUP = "skulk.plugins"
+KERNEL_DIST = "skulk-kernel"
+log = logging.getLogger("skulk.plugins")
+
+
+class PluginLoadError(Exception):
+    """A plugin cannot be loaded; the message says which one, why, and how to fix it."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What metadata says about an installed plugin, without importing it."""
+
+    name: str
+    distribution: str
+    version: str
+    kernel_range: str  # the plugin's declared skulk-kernel requirement, "" if none
+    module: str
+
+    def kernel_compatible(self, kernel_version: str) -> bool:
+        if not self.kernel_range:
+            return True
+        return Requirement(f"{KERNEL_DIST}{self.kernel_range}").specifier.contains(
+            Version(kernel_version), prereleases=True
+        )
+
+
+def kernel_version() -> str:
+    try:
+        return metadata.version(KERNEL_DIST)
+    except metadata.PackageNotFoundError:  # running from a source tree without install
+        from . import __version__
+
+        return __version__
+
+
+def _kernel_range(dist: metadata.Distribution) -> str:
+    for raw in dist.requires or ():
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if req.name == KERNEL_DIST and not req.marker:
+            return str(req.specifier)
+    return ""
+
+
+def installed_plugins() -> dict[str, PluginInfo]:
+    """Every installed plugin by entry-point name, from metadata alone."""
+    found: dict[str, PluginInfo] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        info = PluginInfo(
+            name=ep.name,
+            distribution=dist.name if dist else "?",
+            version=dist.version if dist else "?",
+            kernel_range=_kernel_range(dist) if dist else "",
+            module=ep.value,
+        )
+        if ep.name in found and found[ep.name].distribution != info.distribution:
+            raise PluginLoadError(
+                f"plugin name {ep.name!r} is claimed by both {found[ep.name].distribution} "
+                f"and {info.distribution}; uninstall one"
+            )
+        found[ep.name] = info
+    return found
+
+
+def install_hint(plugin: str) -> str:
+    """The command that installs a missing plugin: the workspace folder if there is one."""
+    folder = _workspace_root() / "plugins" / plugin if _workspace_root() else None
+    if folder and folder.is_dir():
+        return f"pip install -e {folder}"
+    return f"pip install skulk-{plugin}"
+
+
+def _workspace_root() -> Path | None:
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "plugins").is_dir() and (parent / "kernel").is_dir():
+            return parent
+    return None
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    """A fresh manager with the kernel's hookspecs and trylast defaults (no module globals)."""
+    pm = pluggy.PluginManager("skulk")
+    pm.add_hookspecs(hookspecs)
+    pm.register(defaults, name="kernel-defaults")
+    return pm
+
+
+def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: str) -> None:
+    pm.register(plugin, name=name)
+    pm.hook.add_hookspecs.call_historic(kwargs={"pm": pm})
+
+
+def build_plugin_manager(profile: Profile) -> pluggy.PluginManager:
+    """Load exactly the plugins the profile names, in its order, refusing incompatible ones."""
+    pm = new_plugin_manager()
+    installed = installed_plugins()
+    running = kernel_version()
+    for name in profile.plugins:
+        info = installed.get(name)
+        if info is None:
+            raise PluginLoadError(
+                f"profile {profile.name!r} needs plugin {name!r}, which is not installed; "
+                f"install it with: {install_hint(name)}"
+            )
+        if not info.kernel_compatible(running):
+            raise PluginLoadError(
+                f"plugin {name!r} ({info.distribution} {info.version}) requires "
+                f"skulk-kernel{info.kernel_range}, but the running kernel is {running}; "
+                f"upgrade one of them so the versions match"
+            )
+        (ep,) = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == name][:1]
+        try:
+            module = ep.load()
+        except Exception as exc:  # an import error in a plugin must say which plugin
+            raise PluginLoadError(f"plugin {name!r} failed to import: {exc!r}") from exc
+        register_plugin(pm, module, name)
+    pm.check_pending()
+    return pm

@@ -1,0 +1,98 @@
+"""Per-command chunk streams on the API node.
+
+The API opens a stream for a command before sending it; chunks arriving on the data plane are
+routed here by command id and reordered by sequence number. A stream whose terminal chunk never
+comes ends with a typed error after an idle timeout, so no request ever hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .tasks import ErrorChunk, _Chunk, is_terminal
+
+
+class ChunkStream:
+    def __init__(self, command_id: str, idle_timeout: float) -> None:
+        self.command_id = command_id
+        self.idle_timeout = idle_timeout
+        self._queue: asyncio.Queue[_Chunk] = asyncio.Queue()
+        self._pending: dict[int, _Chunk] = {}
+        self._next_seq = 0
+        self.closed = False
+
+    def put(self, chunk: _Chunk) -> None:
+        """Accept a chunk in any order; release them to the reader in sequence order."""
+        if self.closed:
+            return
+        if isinstance(chunk, ErrorChunk) and chunk.seq < self._next_seq:
+            self._queue.put_nowait(chunk)  # out-of-band failure (task failed, node died)
+            return
+        self._pending[chunk.seq] = chunk
+        while self._next_seq in self._pending:
+            self._queue.put_nowait(self._pending.pop(self._next_seq))
+            self._next_seq += 1
+
+    def fail(self, message: str, error_type: str = "server_error", code: str | None = None) -> None:
+        """End the stream with an error whatever arrived before (bypasses ordering)."""
+        if not self.closed:
+            self._queue.put_nowait(
+                ErrorChunk(
+                    command_id=self.command_id, seq=0, message=message,
+                    error_type=error_type, code=code,
+                )
+            )
+
+    async def __aiter__(self) -> AsyncIterator[_Chunk]:
+        while not self.closed:
+            try:
+                chunk = await asyncio.wait_for(self._queue.get(), self.idle_timeout)
+            except asyncio.TimeoutError:
+                self.closed = True
+                yield ErrorChunk(
+                    command_id=self.command_id, seq=self._next_seq,
+                    message=f"no output from the runner for {self.idle_timeout:.0f}s; "
+                    "the request was abandoned",
+                    error_type="timeout", code="idle_timeout",
+                )
+                return
+            if is_terminal(chunk):
+                self.closed = True
+            yield chunk
+
+
+class StreamRouter:
+    """Routes chunks to open streams; unknown command ids are dropped (the client left)."""
+
+    def __init__(self, idle_timeout: float = 120.0) -> None:
+        self.idle_timeout = idle_timeout
+        self._streams: dict[str, ChunkStream] = {}
+
+    def open(self, command_id: str, idle_timeout: float | None = None) -> ChunkStream:
+        stream = ChunkStream(command_id, idle_timeout or self.idle_timeout)
+        self._streams[command_id] = stream
+        return stream
+
+    def close(self, command_id: str) -> None:
+        stream = self._streams.pop(command_id, None)
+        if stream:
+            stream.closed = True
+
+    def deliver(self, chunk: _Chunk) -> None:
+        stream = self._streams.get(chunk.command_id)
+        if stream is not None:
+            stream.put(chunk)
+
+    def fail(self, command_id: str, message: str, **kwargs: Any) -> None:
+        stream = self._streams.get(command_id)
+        if stream is not None:
+            stream.fail(message, **kwargs)
+
+    def fail_all(self, message: str) -> None:
+        for stream in list(self._streams.values()):
+            stream.fail(message)
+
+    def open_ids(self) -> list[str]:
+        return list(self._streams)

@@ -1,0 +1,167 @@
+"""The one internal request every API adapter normalizes into, and the chunks that answer it.
+
+Adapters (OpenAI, Anthropic, Ollama, ...) convert their wire format into these parameters; runners
+only ever see these. Chunks are the stream a runner emits: they travel on the data plane, never
+through State or the event log, so they are kept small and cheap to build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .ids import CommandId, InstanceId, ModelId, NodeId, TaskId
+from .wire import Tagged, WireModel, tagged_union
+
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error", "cancelled"]
+TaskStatus = Literal["Pending", "Running", "Complete", "Failed", "Cancelled"]
+TERMINAL_TASK_STATUSES: frozenset[str] = frozenset({"Complete", "Failed", "Cancelled"})
+
+
+class ToolCall(WireModel):
+    id: str
+    name: str
+    arguments: str = Field(description="JSON-encoded arguments, exactly as OpenAI clients expect")
+
+
+class ChatMessage(WireModel):
+    role: Role
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ToolSpec(WireModel):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class SamplingParams(WireModel):
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: tuple[str, ...] = ()
+
+
+class TextGenerationParams(WireModel):
+    model_id: ModelId
+    messages: tuple[ChatMessage, ...] = Field(min_length=1)
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
+    sampling: SamplingParams = SamplingParams()
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=20)
+    enable_thinking: bool | None = None
+    raw_prompt: str | None = Field(
+        default=None, description="pre-rendered prompt (Ollama raw/generate); skips the template"
+    )
+
+
+class EmbeddingParams(WireModel):
+    model_id: ModelId
+    inputs: tuple[str, ...] = Field(min_length=1)
+
+
+class _Task(Tagged):
+    task_id: TaskId
+    command_id: CommandId
+    instance_id: InstanceId
+    owner_node_id: NodeId
+    status: TaskStatus = "Pending"
+
+
+class TextGenerationTask(_Task):
+    params: TextGenerationParams
+
+
+class TextEmbeddingTask(_Task):
+    params: EmbeddingParams
+
+
+Task = tagged_union(TextGenerationTask, TextEmbeddingTask)
+
+
+# --- chunks --------------------------------------------------------------------------------------
+
+
+class TopLogprob(WireModel):
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] = ()
+
+
+class TokenLogprob(WireModel):
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] = ()
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+class Usage(WireModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class GenerationStats(WireModel):
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    ttft_ms: float = 0.0
+    backend: str = ""
+
+
+class _Chunk(Tagged):
+    command_id: CommandId
+    seq: int = Field(ge=0, description="per-command order; gaps mean loss")
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    stats: GenerationStats | None = None
+
+
+class TokenChunk(_Chunk):
+    text: str
+    reasoning: bool = False
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class ToolCallChunk(_Chunk):
+    calls: tuple[ToolCall, ...]
+
+
+class EmbeddingChunk(_Chunk):
+    embeddings: tuple[tuple[float, ...], ...]
+
+
+class PrefillProgressChunk(_Chunk):
+    processed: int
+    total: int
+
+
+class ErrorChunk(_Chunk):
+    message: str
+    error_type: str = "server_error"
+    code: str | None = None
+
+
+Chunk = tagged_union(TokenChunk, ToolCallChunk, EmbeddingChunk, PrefillProgressChunk, ErrorChunk)
+
+
+def is_terminal(chunk: _Chunk) -> bool:
+    """A stream ends on its first chunk with a finish reason or an error."""
+    return chunk.finish_reason is not None or isinstance(chunk, ErrorChunk)

@@ -1,0 +1,73 @@
+"""Telemetry readings: last-write-wins facts about nodes that are NOT in State.
+
+Memory, load and heartbeats change every few seconds; putting them in the event log would fill the
+replay tail with noise. They travel on the telemetry plane, the receiver stamps its own receipt time
+(a sender's clock is never trusted) and `/state` merges the freshest readings at read time.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .ids import NodeId
+from .wire import Tagged, WireModel, tagged_union
+
+
+class Memory(WireModel):
+    in_bytes: int = Field(ge=0)
+
+
+class NodeIdentity(Tagged):
+    node_id: NodeId
+    friendly_name: str
+    skulk_version: str
+    skulk_commit: str = ""
+    network_version: str = ""
+
+
+class NodeMemory(Tagged):
+    node_id: NodeId
+    ram_total: Memory
+    ram_available: Memory
+
+
+class NodeSystem(Tagged):
+    node_id: NodeId
+    os: str
+    arch: str
+    cpu_model: str = ""
+    cpu_count: int = 1
+    python: str = ""
+
+
+class NodeResources(Tagged):
+    node_id: NodeId
+    backends: tuple[str, ...] = ()
+    engine_builds: dict[str, str] = Field(default_factory=dict)
+    data_transport: str = "local"
+    api_available: bool = False
+    api_port: int | None = None
+
+
+class NodeDisk(Tagged):
+    node_id: NodeId
+    models_dir: str
+    total_bytes: int = 0
+    free_bytes: int = 0
+
+
+class NodeHeartbeat(Tagged):
+    node_id: NodeId
+
+
+class DownloadProgress(Tagged):
+    node_id: NodeId
+    model_id: str
+    downloaded_bytes: int = 0
+    total_bytes: int = 0
+    phase: str = ""
+
+
+Reading = tagged_union(
+    NodeIdentity, NodeMemory, NodeSystem, NodeResources, NodeDisk, NodeHeartbeat, DownloadProgress
+)

@@ -1,0 +1,40 @@
+"""Typed topics, each assigned to exactly one plane in code.
+
+control: ordered per publisher, reliable, small. telemetry: last-write-wins readings.
+data: node-addressed streams (chunks to the owning API node), never through the master.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Plane(str, Enum):
+    CONTROL = "control"
+    TELEMETRY = "telemetry"
+    DATA = "data"
+
+
+class Topic(str, Enum):
+    COMMANDS = "commands"
+    LOCAL_EVENTS = "local_events"
+    GLOBAL_EVENTS = "global_events"
+    ELECTION = "election"
+    STATE_SYNC = "state_sync"
+    READINGS = "readings"
+    CHUNKS = "chunks"
+
+    @property
+    def plane(self) -> Plane:
+        return _PLANE_OF[self]
+
+
+_PLANE_OF = {
+    Topic.COMMANDS: Plane.CONTROL,
+    Topic.LOCAL_EVENTS: Plane.CONTROL,
+    Topic.GLOBAL_EVENTS: Plane.CONTROL,
+    Topic.ELECTION: Plane.CONTROL,
+    Topic.STATE_SYNC: Plane.CONTROL,
+    Topic.READINGS: Plane.TELEMETRY,
+    Topic.CHUNKS: Plane.DATA,
+}

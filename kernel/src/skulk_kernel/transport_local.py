@@ -1,0 +1,41 @@
+"""The in-process transport: every plane inside one node, no network.
+
+It is the kernel default so a single node (and every unit test) runs with no transport plugin.
+Messages stay bytes so code paths match the networked transports.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+from .contracts import PeerEvent
+from .topics import Topic
+
+
+class LocalTransport:
+    name = "local"
+
+    def __init__(self) -> None:
+        self._subs: dict[Topic, list[Callable[[str, bytes], None]]] = defaultdict(list)
+        self._node_id = ""
+
+    async def start(self, node_id: str, options: dict[str, Any]) -> None:
+        self._node_id = node_id
+
+    async def stop(self) -> None:
+        self._subs.clear()
+
+    async def publish(self, topic: Topic, payload: bytes) -> None:
+        for callback in list(self._subs[topic]):
+            callback(self._node_id, payload)
+
+    def subscribe(self, topic: Topic, callback: Callable[[str, bytes], None]) -> None:
+        self._subs[topic].append(callback)
+
+    async def send(self, node_id: str, topic: Topic, payload: bytes) -> None:
+        if node_id == self._node_id:
+            await self.publish(topic, payload)
+
+    def on_peer(self, callback: Callable[[PeerEvent], None]) -> None:
+        """A lone node has no peers."""

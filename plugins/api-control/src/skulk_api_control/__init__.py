@@ -1,0 +1,1 @@
+"""Skulk's HTTP host and control API."""

@@ -1,0 +1,36 @@
+"""Entry point: hosts the node's HTTP app and registers the control routes.
+
+The app is built at start-up from every plugin's `register_api_routes`; uvicorn serves it inside
+the node's event loop so routes can use the node's services directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skulk_kernel import hookimpl
+
+_servers: dict[str, Any] = {}
+
+
+@hookimpl
+def register_api_routes(app: Any, node: Any) -> None:
+    from .routes import add_control_routes
+
+    add_control_routes(app, node)
+
+
+@hookimpl
+async def startup(node: Any) -> None:
+    if node.options.no_api:
+        return
+    from .server import serve
+
+    _servers[node.node_id] = await serve(node)
+
+
+@hookimpl
+async def shutdown(node: Any) -> None:
+    server = _servers.pop(node.node_id, None)
+    if server is not None:
+        await server.stop()

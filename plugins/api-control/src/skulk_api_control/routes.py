@@ -1,0 +1,2 @@
+def add_control_routes(app, node):
+    pass

@@ -1,0 +1,97 @@
+"""The HTTP app: one FastAPI instance per node, uvicorn inside the node's loop.
+
+Errors are JSON, never a stack trace: caller mistakes are 4xx with `x-should-retry: false`, and an
+unexpected exception is logged here and answered as a 500 whose message names the request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("skulk.api")
+MAX_BODY_BYTES = 32 * 1024 * 1024
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def openai_error(status: int, message: str, *, error_type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> JSONResponse:
+    headers = NO_RETRY if 400 <= status < 500 else {}
+    return JSONResponse(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}},
+        status_code=status, headers=headers,
+    )
+
+
+def build_app(node: Any) -> FastAPI:
+    app = FastAPI(title="Skulk", version=str(node.runtime_info()["skulkVersion"]), docs_url="/docs")
+    app.state.node = node
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return openai_error(413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
+                                code="request_too_large")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return openai_error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return openai_error(exc.status_code, str(exc.detail),
+                            error_type="not_found_error" if exc.status_code == 404 else "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error serving %s %s", request.method, request.url.path)
+        return openai_error(500, f"internal error serving {request.url.path}: {type(exc).__name__}",
+                            error_type="server_error")
+
+    node.hooks.call("register_api_routes", app=app, node=node)
+    return app
+
+
+class ApiServer:
+    def __init__(self, server: Any, task: asyncio.Task[Any]) -> None:
+        self.server = server
+        self.task = task
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), 5)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self.task.cancel()
+
+
+async def serve(node: Any) -> ApiServer:
+    import uvicorn
+
+    app = build_app(node)
+    config = uvicorn.Config(app, host=node.options.api_host, port=node.options.api_port,
+                            log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the node owns signals
+    task = node.spawn(server.serve(), "http")
+    for _ in range(200):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.025)
+    if task.done() and task.exception() is not None:
+        raise RuntimeError(f"HTTP server could not start on {node.options.api_host}:"
+                           f"{node.options.api_port}: {task.exception()}")
+    node.facts["api_available"] = True
+    node.facts["api_port"] = node.options.api_port
+    log.info("serving HTTP on http://%s:%d", node.options.api_host, node.options.api_port)
+    return ApiServer(server, task)

@@ -1,0 +1,1 @@
+"""The echo engine: Skulk's deterministic reference engine and the worked example for plugin authors."""

@@ -1,0 +1,197 @@
+"""A deterministic engine: answers by echoing the last user message, word by word.
+
+It implements the whole Engine contract (streaming, stop strings, max_tokens, logprobs, tool calls,
+embeddings, cancellation, token counting) with no model files, so the worker, the runner lifecycle
+and every API adapter can be tested fast and exactly. Special prompts exercise failure paths:
+
+* ``/tool NAME {json}``   -> one tool call to NAME with those arguments
+* ``/crash``              -> the runner process exits at once (supervisor tests)
+* ``/slow``               -> 50 ms between tokens (cancellation tests)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from skulk_kernel.contracts import EngineProbe, RunnerSpec
+from skulk_kernel.models import ModelCard
+from skulk_kernel.tasks import (
+    EmbeddingChunk,
+    EmbeddingParams,
+    GenerationStats,
+    TextGenerationParams,
+    TokenChunk,
+    TokenLogprob,
+    ToolCall,
+    ToolCallChunk,
+    TopLogprob,
+    Usage,
+    _Chunk,
+)
+
+ECHO_MODEL = "skulk/echo"
+ECHO_EMBED_MODEL = "skulk/echo-embed"
+EMBED_DIMS = 16
+
+
+def echo_cards(context_length: int = 4096) -> dict[str, ModelCard]:
+    return {
+        ECHO_MODEL: ModelCard(
+            model_id=ECHO_MODEL, n_layers=2, hidden_size=64, family="echo", quantization="none",
+            context_length=context_length, storage_size=1, compatible_backends=("echo-cpu",),
+            capabilities=("text", "tools", "logprobs"),
+        ),
+        ECHO_EMBED_MODEL: ModelCard(
+            model_id=ECHO_EMBED_MODEL, n_layers=1, hidden_size=EMBED_DIMS, family="echo",
+            tasks=("TextEmbedding",), context_length=context_length, storage_size=1,
+            embedding_dimensions=EMBED_DIMS, compatible_backends=("echo-cpu",),
+        ),
+    }
+
+
+def tokenize(text: str) -> list[str]:
+    """Words with their leading space, so the tokens join back to the text exactly."""
+    tokens: list[str] = []
+    for i, word in enumerate(text.split(" ")):
+        piece = word if i == 0 else " " + word
+        if piece:
+            tokens.append(piece)
+    return tokens
+
+
+def prompt_tokens(params: TextGenerationParams) -> int:
+    if params.raw_prompt is not None:
+        return len(tokenize(params.raw_prompt))
+    return sum(len(tokenize(m.content or "")) + 2 for m in params.messages)
+
+
+class EchoSession:
+    def __init__(self, spec: RunnerSpec, token_delay_s: float) -> None:
+        self.spec = spec
+        self.token_delay_s = token_delay_s
+
+    def count_tokens(self, params: TextGenerationParams) -> int:
+        return prompt_tokens(params)
+
+    def generate(
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+    ) -> Iterator[_Chunk]:
+        started = time.perf_counter()
+        if params.raw_prompt is not None:
+            last = params.raw_prompt
+        else:
+            last = next((m.content or "" for m in reversed(params.messages) if m.role == "user"), "")
+        n_prompt = prompt_tokens(params)
+        if last.strip() == "/crash":
+            os._exit(17)
+        delay = 0.05 if last.startswith("/slow") else self.token_delay_s
+        if last.startswith("/tool ") and params.tools:
+            name, _, args = last.removeprefix("/tool ").partition(" ")
+            call = ToolCall(id="call_" + hashlib.sha1(command_id.encode()).hexdigest()[:12],
+                            name=name, arguments=args.strip() or "{}")
+            yield ToolCallChunk(command_id=command_id, seq=0, calls=(call,), finish_reason="tool_calls",
+                                usage=Usage(prompt_tokens=n_prompt, completion_tokens=1))
+            return
+        tokens = tokenize(last) or ["(empty)"]
+        limit = params.sampling.max_tokens or len(tokens)
+        text_so_far = ""
+        seq = 0
+        for i, token in enumerate(tokens[:limit]):
+            if cancelled():
+                yield self._final(command_id, seq, "cancelled", n_prompt, i, started)
+                return
+            if delay:
+                time.sleep(delay)
+            text_so_far += token
+            stop_hit = next((s for s in params.sampling.stop if s in text_so_far), None)
+            if stop_hit is not None:
+                head = text_so_far[: text_so_far.index(stop_hit)]
+                emitted = text_so_far[: len(text_so_far) - len(token)]
+                rest = head[len(emitted):]
+                if rest:
+                    yield TokenChunk(command_id=command_id, seq=seq, text=rest)
+                    seq += 1
+                yield self._final(command_id, seq, "stop", n_prompt, i + 1, started)
+                return
+            yield TokenChunk(command_id=command_id, seq=seq, text=token,
+                             logprobs=self._logprobs(token, params))
+            seq += 1
+        reason = "length" if limit < len(tokens) else "stop"
+        yield self._final(command_id, seq, reason, n_prompt, min(limit, len(tokens)), started)
+
+    @staticmethod
+    def _logprobs(token: str, params: TextGenerationParams) -> tuple[TokenLogprob, ...]:
+        if not params.logprobs:
+            return ()
+        raw = tuple(token.encode())
+        top = tuple(
+            TopLogprob(token=token if k == 0 else f"<alt{k}>", logprob=-float(k), bytes=raw if k == 0 else ())
+            for k in range(max(1, params.top_logprobs))
+        )
+        return (TokenLogprob(token=token, logprob=0.0, bytes=raw, top_logprobs=top),)
+
+    def _final(self, command_id: str, seq: int, reason: str, n_prompt: int, n_gen: int,
+               started: float) -> TokenChunk:
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        return TokenChunk(
+            command_id=command_id, seq=seq, text="", finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(prompt_tokens=n_prompt, completion_tokens=n_gen),
+            stats=GenerationStats(prompt_tokens=n_prompt, generation_tokens=n_gen,
+                                  generation_tps=n_gen / elapsed, backend="echo-cpu"),
+        )
+
+    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk:
+        vectors = tuple(_embed_one(text) for text in params.inputs)
+        n = sum(len(tokenize(t)) for t in params.inputs)
+        return EmbeddingChunk(command_id=command_id, seq=0, embeddings=vectors, finish_reason="stop",
+                              usage=Usage(prompt_tokens=n))
+
+    def close(self) -> None:
+        pass
+
+
+def _embed_one(text: str) -> tuple[float, ...]:
+    """A bag-of-words hash embedding: same words, same direction; unit norm."""
+    vec = [0.0] * EMBED_DIMS
+    for word in text.lower().split():
+        digest = hashlib.sha256(word.encode()).digest()
+        for i in range(EMBED_DIMS):
+            vec[i] += (digest[i] - 127.5) / 127.5
+    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+    return tuple(v / norm for v in vec)
+
+
+class EchoEngine:
+    name = "echo"
+    tasks = frozenset({"TextGeneration", "TextEmbedding"})
+    dispatch_width = 4
+
+    def probe(self) -> EngineProbe:
+        return EngineProbe(available=True, version="builtin")
+
+    def backend_tags(self, facts: dict[str, Any]) -> list[str]:
+        return ["echo-cpu"]
+
+    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> EchoSession:
+        total = spec.card.n_layers
+        for layer in range(total):
+            progress(layer + 1, total)
+        return EchoSession(spec, float(spec.options.get("token_delay_s", 0.0)))
+
+
+class EchoModelStore:
+    """Offers the echo cards; they need no files."""
+
+    name = "echo"
+
+    def catalog(self) -> dict[str, ModelCard]:
+        return echo_cards()
+
+    def local_path(self, model_id: str) -> Path | None:
+        return None

@@ -1,0 +1,48 @@
+"""Entry point of the echo engine plugin.
+
+This module is what the node imports. It stays light: the engine itself lives in `engine.py` and
+is only imported when a hook asks for it (the same rule keeps mlx, torch or llama_cpp out of
+`skulk-kernel plugins`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skulk_kernel import hookimpl
+
+PLUGIN = "engine-echo"
+
+
+class EchoConfig(BaseModel):
+    """`[plugins.engine-echo]` in a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    token_delay_s: float = Field(default=0.0, ge=0, description="pause between tokens (tests)")
+    context_length: int = Field(default=4096, ge=8)
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, EchoConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Any], None]) -> None:
+    from .engine import EchoEngine
+
+    register(EchoEngine())
+
+
+@hookimpl
+def register_model_stores(register: Callable[[Any], None]) -> None:
+    from .engine import EchoModelStore
+
+    register(EchoModelStore())
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    facts.setdefault("engine_builds", {})["echo"] = "builtin"

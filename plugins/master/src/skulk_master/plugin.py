@@ -1,0 +1,58 @@
+"""Entry point of the master plugin: every node runs it, only the elected master acts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skulk_kernel import hookimpl
+
+PLUGIN = "master"
+_masters: dict[str, Any] = {}
+
+
+class MasterConfig(BaseModel):
+    """`[plugins.master]` in a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    default_models: list[str] = Field(default_factory=list, description="placed when none is running")
+    node_timeout_s: float = Field(default=30.0, gt=0)
+    dispatch_wait_s: float = Field(default=300.0, gt=0, description="how long a request waits for a loading instance")
+    memory_overhead: float = Field(default=1.25, ge=1.0)
+    memory_floor_mb: int = Field(default=256, ge=0)
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, MasterConfig)
+
+
+@hookimpl
+def register_planners(register: Callable[[Any], None]) -> None:
+    from .planner import MemoryPlanner
+
+    register(MemoryPlanner())
+
+
+@hookimpl
+async def startup(node: Any) -> None:
+    from .sequencer import Master
+
+    master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
+    _masters[node.node_id] = master
+    await master.attach()
+
+
+@hookimpl
+async def on_master_changed(node: Any, master_node_id: str | None) -> None:
+    master = _masters.get(node.node_id)
+    if master is not None:
+        await master.on_master_changed(master_node_id)
+
+
+@hookimpl
+async def shutdown(node: Any) -> None:
+    master = _masters.pop(node.node_id, None)
+    if master is not None:
+        await master.stop()

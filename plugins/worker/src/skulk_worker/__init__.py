@@ -1,0 +1,1 @@
+"""Skulk's worker role."""

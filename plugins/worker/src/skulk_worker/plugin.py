@@ -1,0 +1,51 @@
+"""Entry point of the worker plugin: runs the shards State assigns to this node."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skulk_kernel import hookimpl
+
+PLUGIN = "worker"
+_workers: dict[str, Any] = {}
+
+
+class WorkerConfig(BaseModel):
+    """`[plugins.worker]` in a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_restarts: int = Field(default=3, ge=0, description="crashes within crash_window_s before giving up")
+    crash_window_s: float = Field(default=120.0, gt=0)
+    restart_backoff_s: float = Field(default=1.0, ge=0)
+    memory_tolerance: float = Field(default=0.10, ge=0, le=1, description="pre-spawn guard slack")
+    load_timeout_s: float = Field(default=600.0, gt=0)
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, WorkerConfig)
+
+
+@hookimpl
+async def startup(node: Any) -> None:
+    if node.options.no_worker:
+        return
+    from .worker import Worker
+
+    _workers[node.node_id] = Worker(node, node.plugin_config(PLUGIN) or WorkerConfig())
+
+
+@hookimpl
+async def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+    worker = _workers.get(node.node_id)
+    if worker is not None:
+        await worker.on_event(event, before, after)
+
+
+@hookimpl
+async def shutdown(node: Any) -> None:
+    worker = _workers.pop(node.node_id, None)
+    if worker is not None:
+        await worker.stop()

@@ -1,0 +1,154 @@
+"""The runner subprocess: loads one shard on one engine and serves tasks from its worker.
+
+Started with the `spawn` method (forking after llama.cpp or MLX initialised hangs the child). It
+loads only the plugin that registered its engine, never the whole profile. Messages are tuples on
+two multiprocessing queues; everything in them is a picklable kernel type.
+
+    worker -> runner: ("task", Task) | ("cancel", task_id) | ("stop",)
+    runner -> worker: ("status", RunnerStatus) | ("ack", task_id) | ("chunk", task_id, Chunk)
+                      | ("done", task_id, TaskStatus)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import traceback
+from typing import Any
+
+from skulk_kernel.contracts import RunnerSpec
+from skulk_kernel.instances import (
+    RunnerFailed,
+    RunnerLoaded,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerWarmingUp,
+)
+from skulk_kernel.profiles import Profile
+from skulk_kernel.tasks import ErrorChunk, TextEmbeddingTask, TextGenerationTask, is_terminal
+
+log = logging.getLogger("skulk.runner")
+
+
+def _engine(profile: Profile, engine_name: str) -> Any:
+    from skulk_kernel.node import collect
+    from skulk_kernel.plugins import build_plugin_manager
+
+    pm = build_plugin_manager(profile)
+    engines = collect(pm, "register_engines", "engine")
+    if engine_name not in engines:
+        raise RuntimeError(f"no engine named {engine_name!r} in plugins {list(profile.plugins)}")
+    return engines[engine_name]
+
+
+class _Serving:
+    def __init__(self, session: Any, spec: RunnerSpec, context_limit: int, width: int, outq: Any) -> None:
+        self.session = session
+        self.spec = spec
+        self.context_limit = context_limit
+        self.outq = outq
+        self.slots = threading.BoundedSemaphore(max(1, width))
+        self.cancelled: dict[str, threading.Event] = {}
+        self.active = 0
+        self.lock = threading.Lock()
+
+    def _busy(self, delta: int) -> None:
+        with self.lock:
+            before = self.active
+            self.active += delta
+            if before == 0 and self.active == 1:
+                self.outq.put(("status", RunnerRunning()))
+            elif before == 1 and self.active == 0:
+                self.outq.put(("status", RunnerReady()))
+
+    def run_task(self, task: Any) -> None:
+        flag = self.cancelled[task.task_id]
+        with self.slots:
+            self._busy(+1)
+            try:
+                status = self._serve(task, flag)
+            except Exception as exc:
+                log.exception("task %s failed", task.task_id)
+                self.outq.put(("chunk", task.task_id, ErrorChunk(
+                    command_id=task.command_id, seq=0, message=f"{type(exc).__name__}: {exc}")))
+                status = "Failed"
+            finally:
+                self._busy(-1)
+                self.cancelled.pop(task.task_id, None)
+            self.outq.put(("done", task.task_id, status))
+
+    def _serve(self, task: Any, flag: threading.Event) -> str:
+        if flag.is_set():
+            return "Cancelled"
+        self.outq.put(("ack", task.task_id))
+        if isinstance(task, TextEmbeddingTask):
+            self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
+            return "Complete"
+        assert isinstance(task, TextGenerationTask)
+        params = task.params
+        prompt = self.session.count_tokens(params)
+        wanted = params.sampling.max_tokens or 0
+        if prompt + wanted > self.context_limit or prompt >= self.context_limit:
+            self.outq.put(("chunk", task.task_id, ErrorChunk(
+                command_id=task.command_id, seq=0, error_type="invalid_request_error",
+                code="context_length_exceeded",
+                message=f"context_length_exceeded: the prompt has {prompt} tokens and max_tokens is "
+                        f"{wanted}, but this model's context limit is {self.context_limit} tokens; "
+                        "shorten the conversation or lower max_tokens")))
+            return "Failed"
+        status = "Complete"
+        for chunk in self.session.generate(task.command_id, params, flag.is_set):
+            self.outq.put(("chunk", task.task_id, chunk))
+            if is_terminal(chunk):
+                if isinstance(chunk, ErrorChunk):
+                    status = "Failed"
+                elif chunk.finish_reason == "cancelled":
+                    status = "Cancelled"
+                break
+        return status
+
+
+def runner_main(profile: Profile, engine_name: str, spec: RunnerSpec, context_limit: int,
+                inq: Any, outq: Any) -> None:
+    """The subprocess entry point (must stay importable without side effects)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)-7s runner[{os.getpid()}] "
+                        "%(name)s: %(message)s", datefmt="%H:%M:%S")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        engine = _engine(profile, engine_name)
+        outq.put(("status", RunnerLoading(layers_loaded=0, total_layers=spec.card.n_layers)))
+
+        def progress(done: int, total: int) -> None:
+            outq.put(("status", RunnerLoading(layers_loaded=done, total_layers=total)))
+
+        session = engine.load(spec, progress)
+        outq.put(("status", RunnerLoaded()))
+        outq.put(("status", RunnerWarmingUp()))
+        outq.put(("status", RunnerReady()))
+    except BaseException as exc:
+        log.error("runner failed to load %s: %s", spec.card.model_id, exc)
+        outq.put(("status", RunnerFailed(error_message=f"load failed: {type(exc).__name__}: {exc}")))
+        outq.put(("fatal", traceback.format_exc()))
+        return
+    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq)
+    while True:
+        message = inq.get()
+        kind = message[0]
+        if kind == "task":
+            serving.cancelled[message[1].task_id] = threading.Event()
+            threading.Thread(target=serving.run_task, args=(message[1],), daemon=True,
+                             name=f"task-{message[1].task_id[:8]}").start()
+        elif kind == "cancel":
+            flag = serving.cancelled.get(message[1])
+            if flag is not None:
+                flag.set()
+        elif kind == "stop":
+            for pending in list(serving.cancelled.values()):
+                pending.set()
+            try:
+                session.close()
+            finally:
+                outq.put(("stopped",))
+            return
