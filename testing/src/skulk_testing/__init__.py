@@ -1,0 +1,1 @@
+"""Test support for Skulk and its plugins (installed as a pytest plugin)."""

@@ -1,0 +1,53 @@
+"""Fixtures every Skulk test suite gets once skulk-testing is installed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+
+from .nodes import NodeProcess, start_node
+
+
+@pytest.fixture
+def plugin_manager() -> pluggy.PluginManager:
+    """A fresh plugin manager with the kernel's hookspecs and defaults, nothing else."""
+    from skulk_kernel.plugins import new_plugin_manager
+
+    return new_plugin_manager()
+
+
+@pytest.fixture
+def register_plugin(plugin_manager: pluggy.PluginManager) -> Iterator[Callable[[Any, str], None]]:
+    """Register a plugin object (module, class instance) for the duration of one test."""
+    from skulk_kernel.plugins import register_plugin as _register
+
+    names: list[str] = []
+
+    def register(plugin: Any, name: str = "test-plugin") -> None:
+        _register(plugin_manager, plugin, name)
+        names.append(name)
+
+    yield register
+    for name in names:
+        if plugin_manager.has_plugin(name):
+            plugin_manager.unregister(name=name)
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+    """Start real `skulk-kernel run` processes; every one is stopped (killed if need be) after the test."""
+    started: list[NodeProcess] = []
+
+    def factory(profile: str, *args: str, **kwargs: Any) -> NodeProcess:
+        kwargs.setdefault("home", tmp_path / f"node{len(started)}")
+        node = start_node(profile, *args, **kwargs)
+        started.append(node)
+        return node
+
+    yield factory
+    for node in started:
+        node.stop()
