@@ -59,8 +59,11 @@ def configure(node: Node) -> None:
 
 
 @hookspec
-def register_transports(register: Callable[[Any], None]) -> None:
+def register_transports(register: Callable[[Any], None], node: Node | None) -> None:
     """Register Transport implementations (see contracts.Transport) by their `name`.
+
+    Every ``register_*`` capability hook also receives the `node` being built (None inside a
+    runner subprocess), so a plugin can register per-node objects.
 
     Called once on every node at start-up. All registrations are collected; a duplicate name is an
     error naming both plugins. The profile's ``[planes]`` table picks one per plane.
@@ -68,17 +71,17 @@ def register_transports(register: Callable[[Any], None]) -> None:
 
 
 @hookspec
-def register_elections(register: Callable[[Any], None]) -> None:
+def register_elections(register: Callable[[Any], None], node: Node | None) -> None:
     """Register Election implementations (contracts.Election). Collected like transports."""
 
 
 @hookspec
-def register_planners(register: Callable[[Any], None]) -> None:
+def register_planners(register: Callable[[Any], None], node: Node | None) -> None:
     """Register placement Planners (contracts.Planner). Collected; the master uses the first."""
 
 
 @hookspec
-def register_engines(register: Callable[[Any], None]) -> None:
+def register_engines(register: Callable[[Any], None], node: Node | None) -> None:
     """Register Engines (contracts.Engine) by name.
 
     Called once on every node at start-up, and again inside each runner subprocess to find the
@@ -87,7 +90,7 @@ def register_engines(register: Callable[[Any], None]) -> None:
 
 
 @hookspec
-def register_model_stores(register: Callable[[Any], None]) -> None:
+def register_model_stores(register: Callable[[Any], None], node: Node | None) -> None:
     """Register ModelStores (contracts.ModelStore). Collected; the node consults them in order."""
 
 

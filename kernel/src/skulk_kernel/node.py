@@ -83,12 +83,13 @@ class Registry(dict[str, Any]):
         self.owner[name] = plugin
 
 
-def collect(pm: pluggy.PluginManager, hook_name: str, kind: str) -> Registry:
+def collect(pm: pluggy.PluginManager, hook_name: str, kind: str, node: Node | None = None) -> Registry:
     """Run a register_* hook plugin by plugin so duplicates can name their owners."""
     registry = Registry(kind)
     caller = getattr(pm.hook, hook_name)
     for impl in reversed(caller.get_hookimpls()):
-        impl.function(register=lambda obj, _p=impl.plugin_name: registry.add(obj, _p))
+        kwargs = {"register": lambda obj, _p=impl.plugin_name: registry.add(obj, _p), "node": node}
+        impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
     return registry
 
 
@@ -109,6 +110,7 @@ class Node:
         self.health_notes: dict[str, dict[str, str]] = {}  # plugin-reported conditions
         self.facts: dict[str, Any] = {}
         self.middleware: list[Any] = []
+        self.extensions: dict[str, Any] = {}  # plugin-owned per-node objects, by plugin name
         self._config_models: dict[str, type[BaseModel]] = {}
         self._plugin_config: dict[str, BaseModel] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -140,11 +142,11 @@ class Node:
         for plugin in sorted(unknown):
             log.warning("profile has [plugins.%s] but no loaded plugin declares that config", plugin)
         self.pm.hook.configure(node=self)
-        self.engines = collect(self.pm, "register_engines", "engine")
-        self.planners = collect(self.pm, "register_planners", "planner")
-        self.model_stores = collect(self.pm, "register_model_stores", "model store")
-        self.elections = collect(self.pm, "register_elections", "election")
-        registered = collect(self.pm, "register_transports", "transport")
+        self.engines = collect(self.pm, "register_engines", "engine", self)
+        self.planners = collect(self.pm, "register_planners", "planner", self)
+        self.model_stores = collect(self.pm, "register_model_stores", "model store", self)
+        self.elections = collect(self.pm, "register_elections", "election", self)
+        registered = collect(self.pm, "register_transports", "transport", self)
         registered.setdefault("local", LocalTransport())
         for plane in ("control", "telemetry", "data"):
             name = self.profile.planes.transport_for(plane)

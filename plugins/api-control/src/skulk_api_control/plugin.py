@@ -21,6 +21,13 @@ def register_api_routes(app: Any, node: Any) -> None:
 
 
 @hookimpl
+def on_event_applied(node: Any, event: Any) -> None:
+    recent = node.extensions.get("api-control.events")
+    if recent is not None:
+        recent.events.append(event)
+
+
+@hookimpl
 async def startup(node: Any) -> None:
     if node.options.no_api:
         return

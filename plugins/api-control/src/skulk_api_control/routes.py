@@ -1,2 +1,236 @@
-def add_control_routes(app, node):
-    pass
+"""The control API: node identity, State, events, placement, instances, cancel, diagnostics.
+
+Shapes follow the reference (camelCase State, tagged unions, `{message, command_id, instance_id,
+model_card}` from /place_instance) so tools written for it work here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter, ValidationError
+
+from skulk_kernel.commands import (
+    CreateInstance,
+    DeleteInstance,
+    PlaceInstance,
+    SetTracingEnabled,
+    TaskCancelled,
+)
+from skulk_kernel.contracts import PlacementError
+from skulk_kernel.ids import CommandId, new_id
+from skulk_kernel.inference import resolve_card
+from skulk_kernel.instances import Instance
+from skulk_kernel.placement import plan_placement
+
+from .state_view import state_view
+
+RECENT_EVENTS = 2000
+_INSTANCE = TypeAdapter(Instance)
+
+
+def error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+    headers = {"x-should-retry": "false"} if status < 500 else {}
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500
+                                   else "server_error", "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+class RecentEvents:
+    """The last applied events, for GET /events on any node (the master also has the full log)."""
+
+    def __init__(self) -> None:
+        self.events: deque[Any] = deque(maxlen=RECENT_EVENTS)
+
+
+def _placement_body(body: dict[str, Any]) -> PlaceInstance:
+    data = {
+        "command_id": new_id(),
+        "model_id": body.get("model_id"),
+        "sharding": body.get("sharding", "Pipeline"),
+        "instance_meta": body.get("instance_meta", "MlxRing"),
+        "min_nodes": body.get("min_nodes", 1),
+        "excluded_nodes": tuple(body.get("excluded_nodes") or ()),
+    }
+    return PlaceInstance.model_validate(data)
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"] if not str(p)[0].isupper())
+    return f"{where}: {first['msg']}", where
+
+
+async def json_body(request: Request) -> dict[str, Any] | JSONResponse:
+    """The request's JSON object whatever its content type (curl -d sends a form type)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return error(400, "the request body must be a JSON object", "invalid_json")
+    if not isinstance(body, dict):
+        return error(400, "the request body must be a JSON object", "invalid_json")
+    return body
+
+
+def add_control_routes(app: Any, node: Any) -> None:
+    recent = node.extensions.setdefault("api-control.events", RecentEvents())
+
+    @app.get("/node_id")
+    async def node_id() -> str:
+        return node.node_id
+
+    @app.get("/state")
+    async def get_state() -> dict[str, Any]:
+        return state_view(node)
+
+    @app.get("/events")
+    async def get_events(since: int = -1, limit: int = 500) -> dict[str, Any]:
+        events = [e.wire() for e in recent.events if e.idx > since][: max(1, min(limit, RECENT_EVENTS))]
+        return {"events": events, "lastEventAppliedIdx": node.state.last_event_applied_idx}
+
+    async def _preview(command: PlaceInstance) -> tuple[Any, JSONResponse | None]:
+        try:
+            return plan_placement(node, command), None
+        except PlacementError as exc:
+            return None, error(503 if exc.retryable else 400, exc.message, code=exc.kind)
+
+    @app.post("/place_instance")
+    async def place_instance(request: Request) -> Any:
+        body = await json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if not isinstance(body.get("model_id"), str):
+            return error(400, "model_id is required (GET /models lists them)", "missing_model_id", "model_id")
+        try:
+            command = _placement_body(body)
+        except ValidationError as exc:
+            message, where = _validation_message(exc)
+            return error(400, message, "invalid_placement", where)
+        instance, failure = await _preview(command)
+        if failure is not None:
+            return failure
+        card = resolve_card(node, command.model_id)
+        command = command.model_copy(update={"model_id": card.model_id})
+        await node.submit(command)
+        return {"message": f"placing {card.model_id}", "command_id": command.command_id,
+                "instance_id": command.command_id, "model_card": card.wire()}
+
+    @app.post("/instance")
+    async def create_instance(request: Request) -> Any:
+        body = await json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        try:
+            instance = _INSTANCE.validate_python(body.get("instance", body))
+        except ValidationError as exc:
+            message, where = _validation_message(exc)
+            return error(400, f"instance: {message}", "invalid_instance", where)
+        command = CreateInstance(command_id=CommandId(new_id()), instance=instance)
+        await node.submit(command)
+        return {"message": "instance submitted", "command_id": command.command_id,
+                "instance_id": instance.instance_id}
+
+    def _previews_for(model_id: str, excluded: tuple[str, ...]) -> list[dict[str, Any]]:
+        out = []
+        width = max(1, len(node.state.topology.nodes))
+        for sharding in ("Pipeline", "Tensor"):
+            for min_nodes in range(1, width + 1):
+                command = PlaceInstance(command_id=CommandId(new_id()), model_id=model_id, sharding=sharding,
+                                        min_nodes=min_nodes, excluded_nodes=excluded)
+                entry: dict[str, Any] = {"model_id": model_id, "sharding": sharding, "instance_meta": "MlxRing",
+                                         "min_nodes": min_nodes, "instance": None, "memory_delta_by_node": {},
+                                         "error": None}
+                try:
+                    instance = plan_placement(node, command)
+                except PlacementError as exc:
+                    entry["error"] = exc.message
+                else:
+                    entry["instance"] = instance.wire()
+                    card = resolve_card(node, model_id)
+                    for nid, rid in instance.shard_assignments.node_to_runner.items():
+                        shard = instance.shard_assignments.runner_to_shard[rid]
+                        share = (shard.end_layer - shard.start_layer) / shard.n_layers
+                        entry["memory_delta_by_node"][nid] = int(card.storage_size * share) if card else 0
+                out.append(entry)
+        return out
+
+    @app.get("/instance/previews")
+    async def previews(model_id: str, excluded_node_ids: str = "") -> Any:
+        if resolve_card(node, model_id) is None:
+            return error(404, f"model {model_id!r} is not in the catalog", "model_not_found", "model_id")
+        excluded = tuple(n for n in excluded_node_ids.split(",") if n)
+        return {"previews": _previews_for(resolve_card(node, model_id).model_id, excluded)}
+
+    @app.get("/instance/placement")
+    async def placement(model_id: str, sharding: str = "Pipeline", instance_meta: str = "MlxRing",
+                        min_nodes: int = 1) -> Any:
+        try:
+            command = _placement_body({"model_id": model_id, "sharding": sharding,
+                                       "instance_meta": instance_meta, "min_nodes": min_nodes})
+        except ValidationError as exc:
+            return error(400, _validation_message(exc)[0], "invalid_placement")
+        instance, failure = await _preview(command)
+        return failure if failure is not None else {"instance": instance.wire()}
+
+    @app.get("/instance/{instance_id}")
+    async def get_instance(instance_id: str) -> Any:
+        inst = node.state.instances.get(instance_id)
+        if inst is None:
+            return error(404, f"no instance {instance_id!r} (GET /state lists them)", "instance_not_found")
+        runners = {rid: node.state.runners.get(rid) for rid in inst.shard_assignments.runner_to_shard}
+        return {"instance": inst.wire(),
+                "runners": {rid: (s.wire() if s is not None else None) for rid, s in runners.items()}}
+
+    @app.delete("/instance/{instance_id}")
+    async def delete_instance(instance_id: str) -> Any:
+        if instance_id not in node.state.instances:
+            return error(404, f"no instance {instance_id!r} (GET /state lists them)", "instance_not_found")
+        command = DeleteInstance(command_id=CommandId(new_id()), instance_id=instance_id)
+        await node.submit(command)
+        try:
+            await node.wait_for(lambda s: instance_id not in s.instances, 15)
+        except TimeoutError:
+            return error(503, "the master did not confirm the deletion in time; retry", "not_confirmed")
+        return {"message": f"deleted instance {instance_id}", "command_id": command.command_id,
+                "instance_id": instance_id}
+
+    @app.post("/v1/cancel/{command_id}")
+    async def cancel(command_id: str) -> Any:
+        known = command_id in node.state.tasks or command_id in node.streams.open_ids()
+        if not known:
+            return error(404, f"no running request with command id {command_id!r}", "command_not_found")
+        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command_id))
+        return {"message": "cancel requested", "command_id": command_id}
+
+    @app.get("/v1/tracing")
+    async def get_tracing() -> dict[str, Any]:
+        return {"enabled": node.state.tracing_enabled}
+
+    @app.put("/v1/tracing")
+    async def put_tracing(request: Request) -> Any:
+        body = await json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if not isinstance(body.get("enabled"), bool):
+            return error(400, "body must be {\"enabled\": true|false}", param="enabled")
+        await node.submit(SetTracingEnabled(command_id=CommandId(new_id()), enabled=body["enabled"]))
+        await node.wait_for(lambda s: s.tracing_enabled == body["enabled"], 10)
+        return {"enabled": body["enabled"]}
+
+    @app.get("/v1/diagnostics/node")
+    async def diagnostics() -> dict[str, Any]:
+        worker = node.extensions.get("worker")
+        log_status = node.event_log.status() if node.is_master else None
+        return {
+            "runtime": node.runtime_info(),
+            "supervisorRunners": worker.diagnostics() if worker is not None else [],
+            "eventLog": dataclasses.asdict(log_status) if log_status is not None else None,
+            "hookFailures": [{"hook": h, "plugin": p, "error": e} for h, p, e in node.hooks.failures[-20:]],
+            "openStreams": len(node.streams.open_ids()),
+            "lastEventAppliedIdx": node.state.last_event_applied_idx,
+        }
+

@@ -15,7 +15,8 @@ import json
 import re
 from pathlib import Path
 
-_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system\\n(.*?)<\|im_end\|>", re.DOTALL)
+# The literal may hold a real newline or a Jinja "\n" escape, depending on the converter.
+_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\\n|\n)(.*?)<\|im_end\|>", re.DOTALL)
 
 
 def read_gguf_metadata(path: str | Path, keys: tuple[str, ...]) -> dict[str, object]:

@@ -21,7 +21,7 @@ from skulk_kernel import codec
 from skulk_kernel import commands as cmd
 from skulk_kernel import events as ev
 from skulk_kernel.apply import apply
-from skulk_kernel.contracts import NodeCapacity, PlacementError, PlacementRequest
+from skulk_kernel.contracts import PlacementError
 from skulk_kernel.ids import CommandId, NodeId, TaskId, new_id
 from skulk_kernel.inference import resolve_card
 from skulk_kernel.instances import RunnerFailed, instance_ready
@@ -32,7 +32,7 @@ from skulk_kernel.tasks import (
     TextEmbeddingTask,
     TextGenerationTask,
 )
-from skulk_kernel.telemetry import NodeMemory, NodeResources
+from skulk_kernel.placement import capacities, plan_placement
 from skulk_kernel.topics import Topic
 
 log = logging.getLogger("skulk.master")
@@ -43,34 +43,6 @@ REPORTABLE = (
     ev.DownloadPending, ev.DownloadCompleted, ev.DownloadFailed, ev.TopologyEdgeCreated,
     ev.TopologyEdgeDeleted, ev.PluginDataSet,
 )
-
-
-def capacities(node: Any) -> dict[str, NodeCapacity]:
-    """Live telemetry of every node that reported memory and backends."""
-    caps = {}
-    resources = node.readings.latest(NodeResources)
-    for node_id, received in node.readings.latest(NodeMemory).items():
-        res = resources.get(node_id)
-        if res is None:
-            continue
-        mem = received.reading
-        caps[node_id] = NodeCapacity(
-            node_id=node_id, ram_available=mem.ram_available.in_bytes, ram_total=mem.ram_total.in_bytes,
-            backends=tuple(res.reading.backends),
-        )
-    return caps
-
-
-def plan_placement(node: Any, planner: Any, command: cmd.PlaceInstance, state: State) -> Any:
-    """Resolve the card and run the planner: shared by the master and the API's dry run."""
-    card = resolve_card(node, command.model_id)
-    if card is None:
-        raise PlacementError("unknown_model", f"model {command.model_id!r} is not in the catalog; add it "
-                             "with POST /models/add or check GET /models")
-    live = {k: v for k, v in capacities(node).items() if k in state.topology.nodes or not state.topology.nodes}
-    request = PlacementRequest(model=card, sharding=command.sharding, instance_meta=command.instance_meta,
-                               min_nodes=command.min_nodes, excluded_nodes=command.excluded_nodes)
-    return planner.place(request, state, live, command.command_id)
 
 
 class Master:
@@ -88,7 +60,6 @@ class Master:
         if planner is not None and hasattr(planner, "overhead"):
             planner.overhead = config.memory_overhead
             planner.floor_bytes = config.memory_floor_mb * 1024 * 1024
-        self.planner = planner
 
     async def attach(self) -> None:
         self.node.subscribe(Topic.COMMANDS, self._on_command)
@@ -191,7 +162,7 @@ class Master:
 
     async def _cmd_PlaceInstance(self, command: cmd.PlaceInstance, origin: str) -> None:
         try:
-            instance = plan_placement(self.node, self.planner, command, self.state)
+            instance = plan_placement(self.node, command, self.state)
         except PlacementError as exc:
             log.error("placement of %s failed: %s", command.model_id, exc.message)
             return
@@ -251,12 +222,12 @@ class Master:
         retry = cmd.PlaceInstance(command_id=CommandId(new_id()), model_id=inst.shard_assignments.model_id,
                                   min_nodes=width + 1, excluded_nodes=inst.excluded_nodes)
         try:
-            instance = plan_placement(self.node, self.planner, retry, self.state)
+            instance = plan_placement(self.node, retry, self.state)
         except PlacementError:
             fallback = retry.model_copy(update={"min_nodes": 1,
                                                 "excluded_nodes": (*inst.excluded_nodes, command.node_id)})
             try:
-                instance = plan_placement(self.node, self.planner, fallback, self.state)
+                instance = plan_placement(self.node, fallback, self.state)
             except PlacementError as exc:
                 log.error("cannot re-place %s after a refusal: %s", inst.shard_assignments.model_id, exc)
                 return
@@ -394,7 +365,7 @@ class Master:
                 continue
             command = cmd.PlaceInstance(command_id=CommandId(new_id()), model_id=card.model_id)
             try:
-                instance = plan_placement(self.node, self.planner, command, self.state)
+                instance = plan_placement(self.node, command, self.state)
             except PlacementError as exc:
                 log.error("cannot place default model %s: %s", card.model_id, exc.message)
                 continue

@@ -34,7 +34,9 @@ async def startup(node: Any) -> None:
         return
     from .worker import Worker
 
-    _workers[node.node_id] = Worker(node, node.plugin_config(PLUGIN) or WorkerConfig())
+    worker = Worker(node, node.plugin_config(PLUGIN) or WorkerConfig())
+    _workers[node.node_id] = worker
+    node.extensions[PLUGIN] = worker
 
 
 @hookimpl

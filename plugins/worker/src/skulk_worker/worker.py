@@ -60,7 +60,14 @@ class Worker:
 
     # ------------------------------------------------------------------ runners
 
-    def _model_path(self, model_id: str, progress: Any) -> Path | None:
+    def _model_path(self, card: Any, progress: Any) -> Path | None:
+        source = card.sections.get("source", {})
+        if source.get("kind") == "local":  # an operator-added model: the files are where they said
+            path = Path(source["path"])
+            if not path.exists():
+                raise FileNotFoundError(f"{path} does not exist on this node")
+            return path
+        model_id = card.model_id
         for store in self.node.model_stores.values():
             ensure = getattr(store, "ensure_local", None)
             path = ensure(model_id, progress) if ensure else store.local_path(model_id)
@@ -111,7 +118,7 @@ class Worker:
             loop.call_soon_threadsafe(self.node.readings.put, node_id, reading)
 
         try:
-            path = await asyncio.to_thread(self._model_path, model_id, progress)
+            path = await asyncio.to_thread(self._model_path, card, progress)
         except Exception as exc:
             log.exception("could not stage %s", model_id)
             await self.node.emit(ev.DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))

@@ -1,0 +1,1 @@
+"""Skulk's OpenAI-compatible inference API (chat completions, embeddings, models)."""

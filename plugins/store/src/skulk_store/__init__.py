@@ -1,0 +1,1 @@
+"""Skulk's model store."""

@@ -1,0 +1,109 @@
+"""Model cards from TOML, config.json and GGUF headers.
+
+A card TOML carries the reference's top-level fields plus free sections ([reasoning], [tooling],
+[runtime], [placement], [source], ...). `[source]` says how this store provisions the files offline.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from skulk_kernel.models import ModelCard
+
+CARD_FIELDS = set(ModelCard.model_fields)
+
+
+class CardError(ValueError):
+    """A card that does not describe a model; the message says what is missing."""
+
+
+def card_from_mapping(data: dict[str, Any], source: str) -> ModelCard:
+    fields = {k: v for k, v in data.items() if k in CARD_FIELDS}
+    sections = {k: v for k, v in data.items() if k not in CARD_FIELDS and isinstance(v, dict)}
+    unknown = [k for k in data if k not in CARD_FIELDS and not isinstance(data[k], dict)]
+    if unknown:
+        raise CardError(f"{source}: unknown card fields {unknown}")
+    fields["sections"] = {**fields.get("sections", {}), **sections}
+    for key in ("tasks", "capabilities", "compatible_backends", "backend_preference"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    try:
+        return ModelCard(**fields)
+    except Exception as exc:
+        raise CardError(f"{source}: {exc}") from None
+
+
+def card_from_toml(path: Path) -> ModelCard:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CardError(f"{path}: not valid TOML: {exc}") from None
+    return card_from_mapping(data, str(path))
+
+
+def card_from_config_json(folder: Path, model_id: str) -> ModelCard:
+    """A Hugging Face style folder: config.json gives the architecture numbers."""
+    config = json.loads((folder / "config.json").read_text())
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    heads = config.get("num_attention_heads", 1)
+    hidden = config.get("hidden_size") or config.get("d_model") or 1
+    return ModelCard(
+        model_id=model_id,
+        n_layers=config.get("num_hidden_layers") or config.get("n_layer") or 1,
+        hidden_size=hidden,
+        num_key_value_heads=config.get("num_key_value_heads", heads),
+        family=str(config.get("model_type", "")),
+        context_length=config.get("max_position_embeddings", 2048),
+        storage_size=size,
+        sections={"runtime": {"head_dim": hidden // max(1, heads)}},
+    )
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """Scalar metadata of a GGUF file (arrays such as the vocabulary are skipped)."""
+    from gguf import GGUFReader  # heavy (numpy): imported only when a GGUF is added
+
+    reader = GGUFReader(str(path))
+    meta: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if not field.types or len(field.data) != 1:
+            continue
+        value = field.parts[field.data[0]]
+        if field.types[0].name == "STRING":
+            meta[name] = bytes(value).decode("utf-8", errors="replace")
+        elif len(value) == 1:
+            meta[name] = value[0].item()
+    return meta
+
+
+def card_from_gguf(path: Path, model_id: str) -> ModelCard:
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture")
+    if not arch:
+        raise CardError(f"{path}: GGUF header has no general.architecture")
+
+    def arch_key(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    heads = arch_key("attention.head_count", 1)
+    hidden = arch_key("embedding_length", 1)
+    is_embedding = arch in ("bert", "nomic-bert", "jina-bert-v2") or arch_key("pooling_type") is not None
+    return ModelCard(
+        model_id=model_id,
+        n_layers=arch_key("block_count", 1),
+        hidden_size=hidden,
+        num_key_value_heads=arch_key("attention.head_count_kv", heads),
+        family=arch,
+        quantization=str(meta.get("general.file_type", "")),
+        context_length=arch_key("context_length", 2048),
+        storage_size=path.stat().st_size,
+        gguf_file=path.name,
+        tasks=("TextEmbedding",) if is_embedding else ("TextGeneration",),
+        embedding_dimensions=hidden if is_embedding else None,
+        compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
+        backend_preference=("llama_server-cpu", "llama_cpp-cpu"),
+        sections={"runtime": {"head_dim": hidden // max(1, heads)}},
+    )

