@@ -1,0 +1,99 @@
+"""The placement planner as a pure function: candidates, filters, ranking, typed refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from skulk_kernel.contracts import NodeCapacity, PlacementError, PlacementRequest
+from skulk_kernel.events import Connection
+from skulk_kernel.models import ModelCard
+from skulk_kernel.state import State, Topology
+from skulk_master.planner import GiB, MemoryPlanner
+
+CARD = ModelCard(model_id="org/m", n_layers=30, hidden_size=576, num_key_value_heads=3, context_length=2048,
+                 storage_size=2 * GiB, compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
+                 backend_preference=("llama_server-cpu", "llama_cpp-cpu"))
+
+
+def cap(node: str, gib: float, backends: tuple[str, ...] = ("llama_server-cpu", "llama_cpp-cpu")) -> NodeCapacity:
+    return NodeCapacity(node_id=node, ram_available=int(gib * GiB), ram_total=int(gib * GiB * 2), backends=backends)
+
+
+def place(nodes: dict[str, NodeCapacity], state: State | None = None, **kwargs):
+    return MemoryPlanner().place(PlacementRequest(model=CARD, **kwargs), state or State(), nodes, "inst-1")
+
+
+def test_single_node_fits_and_prefers_backend():
+    inst = place({"a": cap("a", 8)})
+    (shard,) = inst.shard_assignments.runner_to_shard.values()
+    assert shard.backend == "llama_server-cpu"
+    assert (shard.start_layer, shard.end_layer) == (0, 30)
+    assert inst.engine == "llama_server"
+    assert inst.context_limit == 2048
+    assert inst.instance_id == "inst-1"
+
+
+def test_prefers_the_node_with_more_free_memory():
+    inst = place({"a": cap("a", 4), "b": cap("b", 16)})
+    assert list(inst.shard_assignments.node_to_runner) == ["b"]
+
+
+def test_memory_shortfall_names_node_and_arithmetic():
+    with pytest.raises(PlacementError) as err:
+        place({"small": cap("small", 1)})
+    assert err.value.kind == "memory_shortfall"
+    assert "small" in err.value.message
+    assert "overhead 1.25" in err.value.message and "available" in err.value.message
+
+
+def test_exact_fit_is_refused():
+    planner = MemoryPlanner()
+    need = planner.need_bytes(CARD, 1.0, 1)
+    nodes = {"a": NodeCapacity(node_id="a", ram_available=need, ram_total=need * 2, backends=("llama_server-cpu",))}
+    with pytest.raises(PlacementError):
+        planner.place(PlacementRequest(model=CARD), State(), nodes, "i")
+
+
+def test_pipeline_split_over_two_nodes_covers_every_layer_once():
+    inst = place({"a": cap("a", 1.6), "b": cap("b", 3.2)}, min_nodes=2)
+    shards = sorted(inst.shard_assignments.runner_to_shard.values(), key=lambda s: s.device_rank)
+    assert shards[0].start_layer == 0 and shards[-1].end_layer == 30
+    assert shards[0].end_layer == shards[1].start_layer
+    assert all(s.world_size == 2 for s in shards)
+
+
+def test_backend_filter_is_hard():
+    with pytest.raises(PlacementError) as err:
+        place({"mac": cap("mac", 64, backends=("mlx-metal",))})
+    assert "no backend compatible" in err.value.message
+
+
+def test_exclusions_and_min_nodes():
+    with pytest.raises(PlacementError) as err:
+        place({"a": cap("a", 8)}, excluded_nodes=("a",))
+    assert err.value.kind == "all_excluded"
+    with pytest.raises(PlacementError) as err:
+        place({"a": cap("a", 8)}, min_nodes=2)
+    assert err.value.kind == "topology_gap"
+
+
+def test_no_readings_yet_is_retryable():
+    with pytest.raises(PlacementError) as err:
+        place({})
+    assert err.value.retryable
+
+
+def test_unconnected_nodes_do_not_form_a_cycle():
+    state = State(topology=Topology(nodes=("a", "b", "c"), connections=(Connection(source="a", sink="b"),)))
+    with pytest.raises(PlacementError):
+        place({"a": cap("a", 1.6), "c": cap("c", 1.6)}, state=state, min_nodes=2)
+    inst = place({"a": cap("a", 1.6), "b": cap("b", 1.6)}, state=state, min_nodes=2)
+    assert set(inst.shard_assignments.node_to_runner) == {"a", "b"}
+
+
+def test_tensor_divisibility():
+    card = CARD.model_copy(update={"num_key_value_heads": 3, "supports_tensor": True})
+    with pytest.raises(PlacementError) as err:
+        MemoryPlanner().place(PlacementRequest(model=card, sharding="Tensor", min_nodes=2), State(),
+                              {"a": cap("a", 8), "b": cap("b", 8)}, "i")
+    assert "divisible" in err.value.message
