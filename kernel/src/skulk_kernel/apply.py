@@ -32,7 +32,8 @@ def apply(state: State, indexed: ev.IndexedEvent) -> State:
             f"event {indexed.idx} does not follow {state.last_event_applied_idx}"
         )
     updates = _apply_event(indexed.event, state)
-    last_seen = {**state.last_seen, indexed.origin: indexed.at}
+    # Start from the rule's own last_seen (NodeTimedOut prunes it), then stamp the origin.
+    last_seen = {**updates.get("last_seen", state.last_seen), indexed.origin: indexed.at}
     return state.model_copy(
         update={**updates, "last_seen": last_seen, "last_event_applied_idx": indexed.idx}
     )

@@ -335,7 +335,10 @@ class Node:
         self.subscribe(Topic.CHUNKS, self._on_chunk)
         self.middleware = self.hooks.call("wrap_inference", node=self)
         await self.hooks.acall("startup", node=self, reverse=True)  # in load order
-        if not self.elections:
+        if self.elections:
+            election = next(iter(self.elections.values()))
+            await election.start(self, self.set_master)
+        else:
             await self.set_master(self.node_id)  # a lone node with no election leads itself
         self.spawn(self._telemetry_loop(), "telemetry")
         log.info("node %s (%s) started with profile %s, kernel %s",
@@ -344,6 +347,9 @@ class Node:
     async def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        for election in self.elections.values():
+            with contextlib.suppress(Exception):
+                await election.stop()
         await self.hooks.acall("shutdown", node=self)  # reverse load order
         for task in list(self._tasks):
             task.cancel()

@@ -7,7 +7,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from skulk_engine_llamacpp.events import (
     ContextLengthExceeded,
     Finish,
@@ -86,13 +85,13 @@ def test_stop_sequence(backend):
 
 
 def test_cancel_stops_within_a_couple_of_tokens(backend):
-    got = 0
+    got: list[object] = []
     start = time.monotonic()
     for ev in backend.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7},
-                           cancel=lambda: got >= 3):
+                           cancel=lambda: len(got) >= 3):
         assert not isinstance(ev, Finish)
-        got += 1
-    assert got == 3
+        got.append(ev)
+    assert len(got) == 3
     assert time.monotonic() - start < 30
 
 
@@ -126,15 +125,15 @@ def _predicted_total(server) -> int:
 
 def test_server_cancel_releases_the_slot(chat_server):
     before = _predicted_total(chat_server)
-    got = 0
-    for _ in chat_server.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7},
-                              cancel=lambda: got >= 3):
-        got += 1
+    got: list[object] = []
+    for ev in chat_server.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7},
+                               cancel=lambda: len(got) >= 3):
+        got.append(ev)
     deadline = time.monotonic() + 5
     while any(s["is_processing"] for s in chat_server.slots()):
         assert time.monotonic() < deadline, "slot still generating after cancel"
         time.sleep(0.02)
-    assert _predicted_total(chat_server) - before <= got + 3
+    assert _predicted_total(chat_server) - before <= len(got) + 3
 
 
 def test_server_twenty_concurrent_streams(chat_server):
@@ -161,7 +160,7 @@ def test_server_tool_template_keeps_the_original_prompt(chat_server):
     from skulk_engine_llamacpp.templates import read_gguf_chat_template, render
 
     original = read_gguf_chat_template(chat_server.model_path)
-    for messages in (HELLO, [{"role": "system", "content": "Be terse."}] + HELLO):
+    for messages in (HELLO, [{"role": "system", "content": "Be terse."}, *HELLO]):
         assert chat_server.apply_template(messages) == render(original, messages)
     assert chat_server.tool_mode == "prompt"
     assert "<tools>" in chat_server.apply_template(HELLO, TOOLS)

@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-
 from skulk_engine_llamacpp.events import ToolCallDelta
 from skulk_engine_llamacpp.toolcalls import ToolCallStreamParser, parse_tool_calls
 

@@ -6,6 +6,7 @@ The process runs in its own process group so a test can kill it (and its runners
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,27 @@ def start_node(profile: str, *args: str, home: Path | None = None, env: dict[str
     node = NodeProcess(profile=profile, home=home or Path(tempfile.mkdtemp(prefix="skulk-node-")),
                        api_port=api_port or free_port(), args=args, env=env or {})
     return node.start()
+
+
+@contextlib.asynccontextmanager
+async def in_process_node(profile: Any, *, home: Path, pm: Any = None, **options: Any) -> AsyncIterator[Any]:
+    """A real Node started inside the test's event loop (no subprocess), stopped on exit.
+
+    profile: a Profile, a bundled profile name or .toml path, or a sequence of plugin names.
+    options: NodeOptions fields; the API is off unless `no_api=False` is passed.
+    """
+    from skulk_kernel.node import Node, NodeOptions
+    from skulk_kernel.profiles import Profile, load_profile
+
+    if isinstance(profile, (str, Path)):
+        profile = load_profile(profile)
+    elif not isinstance(profile, Profile):
+        profile = Profile(name="in-process", plugins=tuple(profile))
+    options.setdefault("no_api", True)
+    options.setdefault("node_name", "in-process")
+    node = Node(profile, NodeOptions(home=home, **options), pm=pm)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()

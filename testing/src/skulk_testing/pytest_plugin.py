@@ -9,7 +9,11 @@ from typing import Any
 import pluggy
 import pytest
 
-from .nodes import NodeProcess, start_node
+# The conformance suites are plain asserts in an installed package: have pytest rewrite them so a
+# failing plugin gets the same detailed message as a failing test of its own.
+pytest.register_assert_rewrite("skulk_testing.conformance")
+
+from .nodes import NodeProcess, start_node  # noqa: E402
 
 
 @pytest.fixture
@@ -51,3 +55,19 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     yield factory
     for node in started:
         node.stop()
+
+
+@pytest.fixture
+def fake_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """Install a plugin for one test: a dist-info (and module) in tmp_path, put on sys.path.
+
+    Arguments as `skulk_testing.distributions.write_plugin_dist` (less `root`); returns the folder.
+    """
+    from .distributions import write_plugin_dist
+
+    def make(distribution: str, version: str = "0.1.0", **kwargs: Any) -> Path:
+        root = write_plugin_dist(tmp_path / "site" / distribution, distribution, version, **kwargs)
+        monkeypatch.syspath_prepend(str(root))
+        return root
+
+    return make

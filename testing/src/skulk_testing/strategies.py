@@ -278,7 +278,7 @@ def events(builder: StrategyBuilder | None = None) -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def indexed_logs(draw: st.DrawFn, builder: StrategyBuilder | None = None, max_size: int = 20,
+def indexed_logs(draw: st.DrawFn, builder: StrategyBuilder | None = None, max_size: int = 15,
                  origins: Sequence[str] = ("node-a", "node-b")) -> list[Any]:
     """A well-formed log: IndexedEvents with idx 0..n-1 and non-decreasing timestamps."""
     from skulk_kernel.events import IndexedEvent

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from skulk_kernel import hookimpl
 
 PLUGIN = "api-openai"
@@ -16,9 +16,10 @@ class OpenAIConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     keepalive_s: float = Field(
-        default=10.0, gt=0,
+        default=10.0,
+        gt=0,
         description="a stream whose first token has not come after this long starts with `: keep-alive` "
-                    "comments, one per interval, so clients' read timeouts do not fire",
+        "comments, one per interval, so clients' read timeouts do not fire",
     )
 
 

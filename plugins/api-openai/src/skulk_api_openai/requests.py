@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from skulk_kernel.tasks import (
     ChatMessage,
     EmbeddingParams,
@@ -28,8 +27,15 @@ from skulk_kernel.tasks import (
 class RequestError(Exception):
     """A caller mistake: answered as `status` (4xx) in OpenAI's error shape, with `x-should-retry: false`."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = "invalid_request",
-                 status: int = 400, error_type: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = "invalid_request",
+        status: int = 400,
+        error_type: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -46,8 +52,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}",
-                           code="invalid_json")
+        raise RequestError(
+            f"the request body must be a JSON object, not {type(data).__name__}", code="invalid_json"
+        )
     return data
 
 
@@ -186,12 +193,15 @@ def _content_text(content: str | list[ContentPart] | None, index: int) -> str | 
         if part.type not in ("text", "input_text", "output_text"):
             raise RequestError(
                 f"messages[{index}].content[{j}]: content parts of type {part.type!r} are not supported "
-                "by this server; send text parts ({\"type\": \"text\", \"text\": ...})",
-                param=f"messages[{index}].content[{j}].type", code="unsupported_content",
+                'by this server; send text parts ({"type": "text", "text": ...})',
+                param=f"messages[{index}].content[{j}].type",
+                code="unsupported_content",
             )
         if part.text is None:
-            raise RequestError(f"messages[{index}].content[{j}].text: a text part needs `text`",
-                               param=f"messages[{index}].content[{j}].text")
+            raise RequestError(
+                f"messages[{index}].content[{j}].text: a text part needs `text`",
+                param=f"messages[{index}].content[{j}].text",
+            )
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -207,16 +217,23 @@ def _arguments(value: str | dict[str, Any] | None) -> str:
 def _message(msg: MessageIn, index: int) -> ChatMessage:
     content = _content_text(msg.content, index)
     if content is None and msg.role in ("user", "system", "developer"):
-        raise RequestError(f"messages[{index}].content: a {msg.role} message needs content",
-                           param=f"messages[{index}].content")
+        raise RequestError(
+            f"messages[{index}].content: a {msg.role} message needs content",
+            param=f"messages[{index}].content",
+        )
     calls: tuple[ToolCall, ...] = ()
     if msg.tool_calls:
         if msg.role != "assistant":
-            raise RequestError(f"messages[{index}].tool_calls: only assistant messages carry tool calls",
-                               param=f"messages[{index}].tool_calls")
+            raise RequestError(
+                f"messages[{index}].tool_calls: only assistant messages carry tool calls",
+                param=f"messages[{index}].tool_calls",
+            )
         calls = tuple(
-            ToolCall(id=tc.id or f"call_{index}_{k}", name=tc.function.name,
-                     arguments=_arguments(tc.function.arguments))
+            ToolCall(
+                id=tc.id or f"call_{index}_{k}",
+                name=tc.function.name,
+                arguments=_arguments(tc.function.arguments),
+            )
             for k, tc in enumerate(msg.tool_calls)
         )
     return ChatMessage(
@@ -246,12 +263,16 @@ def _tool_choice(req: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str
         return None
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
-            raise RequestError(f"tool_choice: {choice!r} is not one of 'none', 'auto', 'required' or "
-                               "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+            raise RequestError(
+                f"tool_choice: {choice!r} is not one of 'none', 'auto', 'required' or "
+                '{"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
         return choice
     if choice.function.name not in {t.name for t in tools}:
-        raise RequestError(f"tool_choice: no tool named {choice.function.name!r} in `tools`",
-                           param="tool_choice")
+        raise RequestError(
+            f"tool_choice: no tool named {choice.function.name!r} in `tools`", param="tool_choice"
+        )
     return choice.function.name
 
 
@@ -262,10 +283,17 @@ def parse_chat_request(data: dict[str, Any]) -> ChatRequest:
     tools: list[ToolSpec] = []
     for i, tool in enumerate(req.tools or ()):
         if tool.type != "function":
-            raise RequestError(f"tools[{i}].type: only function tools are supported, not {tool.type!r}",
-                               param=f"tools[{i}].type")
-        tools.append(ToolSpec(name=tool.function.name, description=tool.function.description or "",
-                              parameters=tool.function.parameters or {}))
+            raise RequestError(
+                f"tools[{i}].type: only function tools are supported, not {tool.type!r}",
+                param=f"tools[{i}].type",
+            )
+        tools.append(
+            ToolSpec(
+                name=tool.function.name,
+                description=tool.function.description or "",
+                parameters=tool.function.parameters or {},
+            )
+        )
     stop = req.stop
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     messages = tuple(_message(m, i) for i, m in enumerate(req.messages))
@@ -296,8 +324,13 @@ def parse_chat_request(data: dict[str, Any]) -> ChatRequest:
     except ValidationError as exc:
         raise validation_error(exc) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return ChatRequest(params=params, model=req.model, stream=bool(req.stream),
-                       include_usage=include_usage, logprobs=logprobs)
+    return ChatRequest(
+        params=params,
+        model=req.model,
+        stream=bool(req.stream),
+        include_usage=include_usage,
+        logprobs=logprobs,
+    )
 
 
 # --- embeddings ----------------------------------------------------------------------------------
@@ -321,7 +354,9 @@ class EmbeddingsRequest:
 def _embedding_inputs(value: Any) -> tuple[str, ...]:
     token_ids = RequestError(
         "input: token-id arrays are not supported by this server; send the text as a string or a list "
-        "of strings", param="input", code="unsupported_input",
+        "of strings",
+        param="input",
+        code="unsupported_input",
     )
     if value is None:
         raise RequestError("input: required (a string or a list of strings)", param="input")
@@ -330,8 +365,9 @@ def _embedding_inputs(value: Any) -> tuple[str, ...]:
     elif isinstance(value, list):
         inputs = value
     else:
-        raise RequestError(f"input: must be a string or a list of strings, not {type(value).__name__}",
-                           param="input")
+        raise RequestError(
+            f"input: must be a string or a list of strings, not {type(value).__name__}", param="input"
+        )
     if not inputs:
         raise RequestError("input: the list is empty; send at least one string", param="input")
     for i, item in enumerate(inputs):

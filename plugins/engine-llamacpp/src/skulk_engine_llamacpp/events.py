@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -61,7 +61,7 @@ class Finish:
     timings: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-Event = Union[TextDelta, ToolCallDelta, Finish]
+Event = TextDelta | ToolCallDelta | Finish
 
 
 class BackendError(RuntimeError):

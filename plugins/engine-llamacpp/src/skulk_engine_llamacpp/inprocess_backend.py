@@ -68,7 +68,7 @@ def _completion_logprobs(choice: dict[str, Any], keep_top: bool) -> tuple[TokenL
         TokenLogprob(tok, float(val), None,
                      tuple(TopLogprob(k, float(v)) for k, v in (top or {}).items())
                      if keep_top else ())
-        for tok, val, top in zip(lp["tokens"], lp["token_logprobs"], tops))
+        for tok, val, top in zip(lp["tokens"], lp["token_logprobs"], tops, strict=False))
 
 
 class LlamaInProcess:
@@ -173,7 +173,7 @@ class LlamaInProcess:
             if tools:
                 names = [t.get("function", t).get("name") for t in tools]
                 parser = ToolCallStreamParser(names)
-                kwargs["stop"] = list(kwargs.get("stop") or []) + [STOP_MARKERS[0]]
+                kwargs["stop"] = [*list(kwargs.get("stop") or []), STOP_MARKERS[0]]
                 if logprobs:
                     kwargs["logprobs"] = max(1, top_logprobs)
                 stream = llm.create_completion(prompt, stream=True, **kwargs)

@@ -149,14 +149,15 @@ class LlamaServer:
             p.kv_unified = True
             if self._n_ctx_req:
                 p.n_ctx = self._n_ctx_req
-            template = self._chat_template_override or read_gguf_chat_template(self.model_path)
+            gguf_template = read_gguf_chat_template(self.model_path)
+            template = self._chat_template_override or gguf_template
             mode = self._tool_mode_req
             if mode == "auto":
                 mode = "native" if template_supports_tools(template) else "prompt"
             if mode == "prompt" and not template_supports_tools(template) and is_chatml(template):
                 template = chatml_tools_template(default_system_prompt(template))
             self.tool_mode = mode
-            if template and template != read_gguf_chat_template(self.model_path):
+            if template and template != gguf_template:
                 p.chat_template = template
         return p
 
@@ -274,7 +275,7 @@ class LlamaServer:
             if logprobs:
                 body["logprobs"] = max(1, top_logprobs)
                 body.pop("top_logprobs", None)
-            body["stop"] = list(body.get("stop") or []) + [STOP_MARKERS[0]]
+            body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
             path = "/v1/completions"
         else:
             body["messages"] = messages
@@ -371,7 +372,7 @@ def _error_from(status: int, text: str) -> BackendError:
     except ValueError:
         err = {}
     message = str(err.get("message") or text[:500])
-    if err.get("type") == "exceed_context_size_error" or "context" in message.lower() and (
-            "exceed" in message.lower() or "too long" in message.lower()):
+    if err.get("type") == "exceed_context_size_error" or ("context" in message.lower() and (
+            "exceed" in message.lower() or "too long" in message.lower())):
         return ContextLengthExceeded(message, status)
     return BackendError(message, status)

@@ -14,21 +14,69 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 # The literal may hold a real newline or a Jinja "\n" escape, depending on the converter.
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\\n|\n)(.*?)<\|im_end\|>", re.DOTALL)
 
 
-def read_gguf_metadata(path: str | Path, keys: tuple[str, ...]) -> dict[str, object]:
-    """Read a few scalar/string metadata values from a GGUF without loading the model."""
-    import gguf  # local: heavy import, only needed at model start
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
 
-    reader = gguf.GGUFReader(str(path))
+
+def read_gguf_metadata(path: str | Path, keys: tuple[str, ...]) -> dict[str, object]:
+    """Read scalar/string metadata values from a GGUF header without loading the model.
+
+    A small hand-rolled reader on purpose: ``gguf.GGUFReader`` materialises every field,
+    including the 49k-entry token and merge arrays, and takes ~5 s on SmolLM2; this skips
+    arrays and takes milliseconds. Arrays are not returned.
+    """
+    import struct
+
+    wanted = set(keys)
     out: dict[str, object] = {}
-    for key in keys:
-        field = reader.fields.get(key)
-        if field is not None:
-            out[key] = field.contents()
+    with open(path, "rb") as f:
+        def unpack(fmt: str) -> Any:
+            size = struct.calcsize(fmt)
+            return struct.unpack(fmt, f.read(size))[0]
+
+        def read_str() -> bytes:
+            return f.read(int(unpack("<Q")))
+
+        def skip(vtype: int) -> None:
+            if vtype in _SCALARS:
+                f.seek(struct.calcsize(_SCALARS[vtype]), 1)
+            elif vtype == _STRING:
+                f.seek(int(unpack("<Q")), 1)
+            elif vtype == _ARRAY:
+                etype, count = int(unpack("<I")), int(unpack("<Q"))
+                if etype in _SCALARS:
+                    f.seek(struct.calcsize(_SCALARS[etype]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(etype)
+            else:
+                raise ValueError(f"bad GGUF value type {vtype}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version = unpack("<I")
+        if version not in (2, 3):
+            raise ValueError(f"unsupported GGUF version {version}")
+        unpack("<Q")  # tensor count
+        n_kv = int(unpack("<Q"))
+        for _ in range(n_kv):
+            key = read_str().decode("utf-8")
+            vtype = int(unpack("<I"))
+            if key in wanted and vtype in _SCALARS:
+                out[key] = unpack(_SCALARS[vtype])
+            elif key in wanted and vtype == _STRING:
+                out[key] = read_str().decode("utf-8")
+            else:
+                skip(vtype)
+            if len(out) == len(wanted):
+                break
     return out
 
 

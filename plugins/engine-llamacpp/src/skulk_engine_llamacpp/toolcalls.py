@@ -27,6 +27,7 @@ import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from .events import ToolCallDelta
 
@@ -36,7 +37,7 @@ CLOSE_TAG = "</tool_call>"
 STOP_MARKERS = ("<tool_response>", "</tool_response>")
 #: ChatML/special markers that must never reach the user.
 STRIP_MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>")
-_ALL_MARKERS = (OPEN_TAG, CLOSE_TAG) + STOP_MARKERS + STRIP_MARKERS
+_ALL_MARKERS = (OPEN_TAG, CLOSE_TAG, *STOP_MARKERS, *STRIP_MARKERS)
 
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
 
@@ -46,7 +47,7 @@ def new_call_id() -> str:
 
 
 def _strip_markers(text: str) -> str:
-    for marker in STRIP_MARKERS + (CLOSE_TAG,):
+    for marker in (*STRIP_MARKERS, CLOSE_TAG):
         if marker in text:
             text = text.replace(marker, "")
     return text
@@ -132,7 +133,7 @@ def _partial_marker_len(text: str) -> int:
     return best
 
 
-Item = str | ToolCallDelta
+Item: TypeAlias = str | ToolCallDelta
 
 
 class ToolCallStreamParser:
@@ -252,8 +253,7 @@ class ToolCallStreamParser:
             # Without a closing tag yet, a complete JSON value followed by more text also ends
             # the call (models often skip "</tool_call>"); otherwise keep waiting.
             decoded = _decode_first(buf)
-            after = decoded[1].strip() if decoded else ""
-            if not after or CLOSE_TAG.startswith(after):
+            if decoded is None or not decoded[1].strip() or CLOSE_TAG.startswith(decoded[1].strip()):
                 return False  # JSON incomplete, or the closing tag may still be arriving
             inner, rest = buf[: len(buf) - len(decoded[1])], decoded[1]
         self._buf = rest
@@ -263,8 +263,8 @@ class ToolCallStreamParser:
 
     def _tag_body(self, inner: str, out: list[Item], truncated: bool) -> None:
         decoded = _decode_first(inner)
-        calls = calls_from_json(decoded[0]) if decoded else None
-        if calls:
+        calls = calls_from_json(decoded[0]) if decoded is not None else None
+        if calls and decoded is not None:
             self._emit_calls(calls, out)
             if decoded[1].strip():
                 self._prose(decoded[1], out)  # trailing words inside the tag (rare) stay prose
@@ -277,8 +277,9 @@ class ToolCallStreamParser:
         text = _strip_markers(text)
         if not text:
             return
-        if out and isinstance(out[-1], str):
-            out[-1] += text
+        last = out[-1] if out else None
+        if isinstance(last, str):
+            out[-1] = last + text
         else:
             out.append(text)
 

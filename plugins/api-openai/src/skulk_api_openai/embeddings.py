@@ -1,0 +1,58 @@
+"""Kernel embedding chunks -> the OpenAI `/v1/embeddings` body.
+
+The Python SDK asks for `encoding_format: "base64"` unless the caller chose otherwise, and decodes
+base64 of little-endian float32 (checklist E1); items stay in input order (E2).
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from skulk_kernel.tasks import EmbeddingChunk, ErrorChunk, _Chunk
+
+
+def encode_base64(vector: Sequence[float]) -> str:
+    packed = array("f", vector)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+@dataclass
+class CollectedEmbeddings:
+    vectors: list[tuple[float, ...]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    error: ErrorChunk | None = None
+
+
+async def collect(chunks: AsyncIterator[_Chunk]) -> CollectedEmbeddings:
+    out = CollectedEmbeddings()
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            out.error = chunk
+            break
+        if isinstance(chunk, EmbeddingChunk):
+            out.vectors.extend(chunk.embeddings)
+        if chunk.usage is not None:
+            out.prompt_tokens = chunk.usage.prompt_tokens
+    return out
+
+
+def embeddings_body(
+    vectors: Sequence[Sequence[float]], *, model: str, encoding_format: str, prompt_tokens: int
+) -> dict[str, Any]:
+    b64 = encoding_format == "base64"
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode_base64(v) if b64 else list(v)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

@@ -1,0 +1,255 @@
+"""The OpenAI routes: chat completions (JSON and SSE), bench chat completions, embeddings, models.
+
+Every route goes through the kernel's one dispatch path (`skulk_kernel.inference.generate/embed`);
+this module only reads the request, picks the HTTP answer and hands chunks to the wire encoders.
+
+Errors known before the first byte (bad body, unknown model, no instance, context overflow, a first
+chunk that is an error) are HTTP statuses in OpenAI's error shape; 4xx carry `x-should-retry: false`.
+
+Streams and the first chunk: a stream waits up to `keepalive_s` for `generate()` (which returns
+with the first chunk). Most requests get their first chunk, or their error, well within that, so the
+decision is an ordinary HTTP status. A request still waiting after `keepalive_s` (queued behind
+others, instance still loading, a long prefill) gets its 200 and SSE headers at once, a
+`: keep-alive` comment every `keepalive_s`, then `: command_id <id>` and the normal stream; an
+error that comes that late is sent as a `data: {"error": ...}` event. So `: command_id` is the first
+line of every stream that did not have to wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from skulk_kernel.inference import InferenceError, catalog, embed, generate, resolve_card
+from skulk_kernel.tasks import ErrorChunk
+
+from . import chat, embeddings
+from .dispatch import ClientGone, Dispatch, InferenceStreamResponse, read_body
+from .requests import RequestError, parse_chat_request, parse_embeddings_request, parse_json_object
+
+log = logging.getLogger("skulk.api.openai")
+CLIENT_CLOSED = 499
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+try:  # the host's helpers, so every OpenAI-style error looks the same
+    from skulk_api_control.server import MAX_BODY_BYTES, openai_error
+except ImportError:  # pragma: no cover - api-control is the HTTP host; this only keeps imports working
+    MAX_BODY_BYTES = 32 * 1024 * 1024
+
+    def openai_error(
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> JSONResponse:
+        headers = {"x-should-retry": "false"} if 400 <= status < 500 else {}
+        return JSONResponse(
+            {"error": {"message": message, "type": error_type, "param": param, "code": code}},
+            status_code=status,
+            headers=headers,
+        )
+
+
+def request_error(exc: RequestError) -> JSONResponse:
+    return openai_error(exc.status, exc.message, error_type=exc.error_type, param=exc.param, code=exc.code)
+
+
+def inference_error(exc: InferenceError) -> JSONResponse:
+    return openai_error(exc.status, exc.message, error_type=exc.error_type, param=exc.param, code=exc.code)
+
+
+def chunk_error(chunk: ErrorChunk) -> JSONResponse:
+    return openai_error(chat.error_status(chunk), chunk.message, error_type=chunk.error_type, code=chunk.code)
+
+
+def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> None:
+    fingerprint = f"skulk-{node.runtime_info().get('skulkVersion', '0')}"
+
+    def canonical(ref: str) -> str:
+        try:
+            card = resolve_card(node, ref)
+        except Exception:
+            return ref
+        return card.model_id if card is not None else ref
+
+    async def read_json(request: Request) -> dict[str, Any]:
+        return parse_json_object(await read_body(request, MAX_BODY_BYTES))
+
+    # --- chat ------------------------------------------------------------------------------------
+
+    async def chat_completions(request: Request, bench: bool = False) -> Response:
+        try:
+            req = parse_chat_request(await read_json(request))
+        except RequestError as exc:
+            return request_error(exc)
+        model = canonical(req.model)
+        created = int(time.time())
+        dispatch = Dispatch(generate(node, req.params))
+
+        def encoder(command_id: str) -> chat.ChatStreamEncoder:
+            return chat.ChatStreamEncoder(
+                completion_id=f"chatcmpl-{command_id}",
+                created=created,
+                model=model,
+                fingerprint=fingerprint,
+                want_logprobs=req.logprobs,
+                include_usage=req.include_usage,
+            )
+
+        handing_over = False
+        try:
+            ready = await dispatch.wait(request, keepalive_s if req.stream else None)
+            if ready:
+                handle = dispatch.handle()  # raises InferenceError: an HTTP status
+                if isinstance(handle.first, ErrorChunk):
+                    handle.finished = True  # terminal: close() reports it finished, nothing to cancel
+                    return chunk_error(handle.first)
+            if req.stream:
+                handing_over = True
+                return InferenceStreamResponse(
+                    _chat_sse(dispatch, encoder, keepalive_s),
+                    dispatch.close,
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
+            got = await dispatch.run(request, chat.collect(handle.chunks(), req.logprobs))
+            if got.error is not None:
+                return chunk_error(got.error)
+            return JSONResponse(
+                chat.completion_body(
+                    got,
+                    completion_id=f"chatcmpl-{handle.command_id}",
+                    created=created,
+                    model=model,
+                    fingerprint=fingerprint,
+                    want_logprobs=req.logprobs,
+                    with_stats=bench,
+                )
+            )
+        except InferenceError as exc:
+            return inference_error(exc)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            if not handing_over:
+                await dispatch.close()
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    @app.post("/chat/completions", include_in_schema=False)
+    async def post_chat_completions(request: Request) -> Response:
+        """OpenAI Chat Completions (JSON or SSE with `stream: true`)."""
+        return await chat_completions(request)
+
+    @app.post("/bench/chat/completions", tags=["openai"])
+    async def post_bench_chat_completions(request: Request) -> Response:
+        """Chat Completions whose JSON answer adds `generation_stats` (streams carry it as a comment)."""
+        return await chat_completions(request, bench=True)
+
+    # --- embeddings ------------------------------------------------------------------------------
+
+    @app.post("/v1/embeddings", tags=["openai"])
+    @app.post("/embeddings", include_in_schema=False)
+    async def post_embeddings(request: Request) -> Response:
+        """OpenAI Embeddings: `input` is a string or a list of strings; float or base64 output."""
+        try:
+            req = parse_embeddings_request(await read_json(request))
+        except RequestError as exc:
+            return request_error(exc)
+        model = canonical(req.model)
+        dispatch = Dispatch(embed(node, req.params))
+        try:
+            await dispatch.wait(request)
+            handle = dispatch.handle()
+            got = await dispatch.run(request, embeddings.collect(handle.chunks()))
+        except InferenceError as exc:
+            return inference_error(exc)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            await dispatch.close()
+        if got.error is not None:
+            return chunk_error(got.error)
+        if len(got.vectors) != len(req.params.inputs):
+            return openai_error(
+                500,
+                f"the engine returned {len(got.vectors)} embeddings for {len(req.params.inputs)} inputs",
+                error_type="server_error",
+            )
+        if req.dimensions is not None and got.vectors and len(got.vectors[0]) != req.dimensions:
+            return openai_error(
+                400,
+                f"dimensions: {model} produces {len(got.vectors[0])}-dimensional "
+                f"embeddings and cannot return {req.dimensions}",
+                param="dimensions",
+                code="unsupported_parameter",
+            )
+        return JSONResponse(
+            embeddings.embeddings_body(
+                got.vectors,
+                model=model,
+                encoding_format=req.encoding_format,
+                prompt_tokens=got.prompt_tokens,
+            )
+        )
+
+    # --- models ----------------------------------------------------------------------------------
+
+    def model_entries() -> list[dict[str, Any]]:
+        created = int(node.started_at)
+        ids: list[str] = []
+        for inst in list(node.state.instances.values()):
+            model_id = inst.shard_assignments.model_id
+            if model_id not in ids:
+                ids.append(model_id)
+        try:
+            known = sorted(catalog(node))
+        except Exception:
+            known = []
+        ids += [m for m in known if m not in ids]
+        return [{"id": m, "object": "model", "created": created, "owned_by": "skulk"} for m in ids]
+
+    @app.get("/v1/models", tags=["openai"])
+    async def get_models() -> dict[str, Any]:
+        """Models with a running instance first, then every catalog model."""
+        return {"object": "list", "data": model_entries()}
+
+    @app.get("/v1/models/{model_id:path}", tags=["openai"])
+    async def get_model(model_id: str) -> Response:
+        for entry in model_entries():
+            if entry["id"] == model_id or entry["id"] == canonical(model_id):
+                return JSONResponse(entry)
+        return openai_error(
+            404, f"model {model_id!r} is not known to this cluster", param="model", code="model_not_found"
+        )
+
+
+async def _chat_sse(dispatch: Dispatch, encoder: Any, keepalive_s: float) -> Any:
+    """The SSE body: keep-alives while the first chunk is awaited, then the chat chunk events."""
+    import asyncio
+
+    try:
+        if not dispatch.task.done():
+            yield chat.KEEPALIVE
+            while not dispatch.task.done():
+                done, _ = await asyncio.wait({dispatch.task}, timeout=keepalive_s)
+                if not done:
+                    yield chat.KEEPALIVE
+        try:
+            handle = dispatch.handle()
+        except InferenceError as exc:
+            yield chat.ChatStreamEncoder.error(exc.message, exc.error_type, exc.code)
+            return
+        except Exception as exc:
+            log.exception("starting a chat stream failed")
+            yield chat.ChatStreamEncoder.error(f"internal error: {type(exc).__name__}")
+            return
+        yield f": command_id {handle.command_id}\n\n"
+        async for line in encoder(handle.command_id).events(handle.chunks()):
+            yield line
+    finally:
+        await dispatch.close()

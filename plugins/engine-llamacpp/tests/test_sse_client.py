@@ -1,0 +1,135 @@
+"""The server client's SSE -> event mapping, against canned llama.cpp responses (no model).
+
+The canned chunks copy the shapes llama.cpp's server produced on this machine (xllamacpp
+2026.10.11549), including native tool_calls deltas and the mid-stream error it sends when a
+model's output does not match the template's tool-call format.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from skulk_engine_llamacpp.events import (
+    BackendError,
+    ContextLengthExceeded,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+)
+from skulk_engine_llamacpp.server_backend import LlamaServer
+
+
+def sse(*chunks: dict | str) -> bytes:
+    lines = []
+    for c in chunks:
+        lines.append("data: " + (c if isinstance(c, str) else json.dumps(c)) + "\n\n")
+    return "".join(lines).encode()
+
+
+def delta(**d) -> dict:
+    return {"choices": [{"index": 0, "finish_reason": None, "delta": d}]}
+
+
+def fake_server(handler, tool_mode="native") -> LlamaServer:
+    server = LlamaServer("/nonexistent.gguf")
+    server.tool_mode = tool_mode
+    server._http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://x")
+    return server
+
+
+def events_of(server, **kw):
+    return list(server.chat([{"role": "user", "content": "hi"}], **kw))
+
+
+def test_native_tool_call_deltas_are_assembled_into_whole_calls():
+    body = sse(
+        delta(role="assistant", content=None),
+        delta(content="Checking."),
+        delta(tool_calls=[{"index": 0, "id": "abc", "type": "function",
+                           "function": {"name": "get_weather", "arguments": '{"ci'}}]),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]),
+        delta(tool_calls=[{"index": 1, "id": "def", "type": "function",
+                           "function": {"name": "search", "arguments": "{}"}}]),
+        {"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]},
+        {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 9}},
+        "[DONE]",
+    )
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        return httpx.Response(200, content=body)
+
+    evs = events_of(fake_server(handler), tools=[{"type": "function", "function": {"name": "get_weather"}},
+                                                 {"type": "function", "function": {"name": "search"}}])
+    assert seen["tools"] and seen["stream"] is True and "messages" in seen
+    assert evs[0] == TextDelta("Checking.", None)
+    assert evs[1] == ToolCallDelta("abc", "get_weather", '{"city": "Paris"}')
+    assert evs[2] == ToolCallDelta("def", "search", "{}")
+    assert evs[3] == Finish("tool_calls", 11, 9)
+
+
+def test_prompt_mode_uses_apply_template_and_completions():
+    paths = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/apply-template":
+            return httpx.Response(200, json={"prompt": "<|im_start|>user\nhi<|im_end|>\n"})
+        body = json.loads(request.content)
+        assert body["prompt"].startswith("<|im_start|>") and "<tool_response>" in body["stop"]
+        chunks = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]}
+                  for t in ["Sure", ". <tool", '_call>{"name": "f", "arguments": {"a": 1}}',
+                            "</tool_call>"]]
+        chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+        return httpx.Response(200, content=sse(*chunks, "[DONE]"))
+
+    evs = events_of(fake_server(handler, "prompt"), tools=[{"type": "function", "function": {"name": "f"}}])
+    assert paths == ["/apply-template", "/v1/completions"]
+    assert [e.text for e in evs if isinstance(e, TextDelta)] == ["Sure", ". "]
+    call = next(e for e in evs if isinstance(e, ToolCallDelta))
+    assert (call.name, json.loads(call.arguments_json)) == ("f", {"a": 1})
+    assert evs[-1] == Finish("tool_calls", 5, 4)
+
+
+def test_mid_stream_error_raises():
+    body = sse(delta(content="Hel"), {"error": {
+        "code": 500, "type": "server_error",
+        "message": "The model produced output that does not match the expected peg-native format"}})
+    server = fake_server(lambda r: httpx.Response(200, content=body))
+    it = server.chat([{"role": "user", "content": "hi"}])
+    assert next(it) == TextDelta("Hel", None)
+    with pytest.raises(BackendError, match="peg-native"):
+        next(it)
+
+
+def test_http_errors_are_typed():
+    ctx = {"error": {"code": 400, "type": "exceed_context_size_error",
+                     "message": "request (9031 tokens) exceeds the available context size (8192 tokens)"}}
+    server = fake_server(lambda r: httpx.Response(400, json=ctx))
+    with pytest.raises(ContextLengthExceeded) as info:
+        events_of(server)
+    assert info.value.status == 400
+    loading = {"error": {"code": 503, "message": "Loading model"}}
+    server = fake_server(lambda r: httpx.Response(503, json=loading))
+    with pytest.raises(BackendError, match="Loading model"):
+        events_of(server)
+
+
+def test_sampling_is_filtered_and_logprobs_requested():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        return httpx.Response(200, content=sse(
+            {"choices": [{"index": 0, "finish_reason": "length", "delta": {}}]}, "[DONE]"))
+
+    evs = events_of(fake_server(handler), sampling={"temperature": 0.2, "bogus": 1, "stop": ["x"],
+                                                     "max_tokens": None},
+                    logprobs=True)
+    assert seen["temperature"] == 0.2 and "bogus" not in seen and "max_tokens" not in seen
+    assert seen["logprobs"] is True and seen["top_logprobs"] == 1
+    assert evs == [Finish("length", 0, 0)]
