@@ -53,6 +53,15 @@ class Transport(Protocol):
 
     def on_peer(self, callback: Callable[[PeerEvent], None]) -> None: ...
 
+    def serve(self, topic: Topic, handler: Callable[[str, bytes], bytes]) -> None:
+        """Answer requests on `topic` addressed to this node: handler(sender, payload) -> reply.
+
+        The handler runs on a transport thread and must not block for long.
+        """
+
+    async def request(self, node_id: str, topic: Topic, payload: bytes, timeout: float) -> bytes:
+        """Ask `node_id` (which serves `topic`) and await its reply; raises TimeoutError."""
+
 
 # ============================== election =========================================================
 

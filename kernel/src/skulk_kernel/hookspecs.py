@@ -72,12 +72,20 @@ def register_transports(register: Callable[[Any], None], node: Node | None) -> N
 
 @hookspec
 def register_elections(register: Callable[[Any], None], node: Node | None) -> None:
-    """Register Election implementations (contracts.Election). Collected like transports."""
+    """Register Election implementations (contracts.Election) by their `name`.
+
+    Called once on every node at start-up. All registrations are collected; a duplicate name is an
+    error naming both plugins. With none registered, a lone node leads itself.
+    """
 
 
 @hookspec
 def register_planners(register: Callable[[Any], None], node: Node | None) -> None:
-    """Register placement Planners (contracts.Planner). Collected; the master uses the first."""
+    """Register placement Planners (contracts.Planner) by their `name`.
+
+    Called once on every node at start-up (any node may become master). All registrations are
+    collected; a duplicate name is an error; the master uses the first.
+    """
 
 
 @hookspec
@@ -91,7 +99,11 @@ def register_engines(register: Callable[[Any], None], node: Node | None) -> None
 
 @hookspec
 def register_model_stores(register: Callable[[Any], None], node: Node | None) -> None:
-    """Register ModelStores (contracts.ModelStore). Collected; the node consults them in order."""
+    """Register ModelStores (contracts.ModelStore) by their `name`.
+
+    Called once on every node at start-up. All registrations are collected; a duplicate name is an
+    error; the node consults them in order.
+    """
 
 
 @hookspec
@@ -154,6 +166,16 @@ def on_event_applied(node: Node, event: IndexedEvent, before: State, after: Stat
 
     Called on every node, once per event, in index order. May return an awaitable, which the node
     awaits. Results are ignored; a raising implementation is logged and skipped.
+    """
+
+
+@hookspec
+def on_state_synced(node: Node, before: State, after: State) -> None:
+    """The node adopted a State snapshot from the master instead of applying events one by one.
+
+    Called on a node that joined late, fell behind, or followed a failover. Plugins that track
+    State (a worker's runners) reconcile against `after`. May return an awaitable. Results are
+    ignored.
     """
 
 

@@ -34,7 +34,7 @@ from .ids import NodeId, new_id
 from .plugins import build_plugin_manager, kernel_version
 from .profiles import Profile
 from .readings import ReadingStore, probe_readings
-from .state import State
+from .state import State, StateSnapshot
 from .streams import StreamRouter
 from .tasks import Chunk, _Chunk
 from .topics import Topic
@@ -42,6 +42,7 @@ from .transport_local import LocalTransport
 
 log = logging.getLogger("skulk.node")
 HEARTBEAT_INTERVAL_S = 2.0
+SYNC_TIMEOUT_S = 10.0
 _CHUNK = TypeAdapter(Chunk)
 
 
@@ -119,6 +120,7 @@ class Node:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event_log: Any = None
+        self._sync_task: asyncio.Task[Any] | None = None
         self.transports: dict[str, Any] = {}
         self.engines = Registry("engine")
         self.planners = Registry("planner")
@@ -175,8 +177,14 @@ class Node:
         """Called by the election (or at start when there is none)."""
         if master_id == self.master_id:
             return
+        previous = self.master_id
         log.info("master is now %s%s", master_id, " (this node)" if master_id == self.node_id else "")
         self.master_id = master_id
+        if previous is not None:
+            # A new master starts a new session that cannot carry the old one's requests.
+            self.streams.fail_all(f"the cluster master changed (was {previous}); please retry")
+        if master_id is not None and master_id != self.node_id:
+            self.request_sync()
         await self.hooks.acall("on_master_changed", node=self, master_node_id=master_id,
                                is_master=master_id == self.node_id)
 
@@ -250,10 +258,12 @@ class Node:
     # ---------------------------------------------------------------- state
 
     async def ingest(self, indexed: IndexedEvent) -> None:
-        """Apply indexed events in order; early ones wait for the gap to fill."""
+        """Apply indexed events in order; a gap (late join, lost message) triggers a state sync."""
         if indexed.idx <= self.state.last_event_applied_idx:
             return
         self._pending_events[indexed.idx] = indexed
+        if indexed.idx > self.state.last_event_applied_idx + 1 and not self.is_master:
+            self.request_sync()
         while (nxt := self._pending_events.pop(self.state.last_event_applied_idx + 1, None)):
             before = self.state
             self.state = apply(before, nxt)
@@ -266,6 +276,40 @@ class Node:
         """Adopt a State wholesale (snapshot from a new master's session)."""
         self.state = state
         self._pending_events = {k: v for k, v in self._pending_events.items() if k > state.last_event_applied_idx}
+
+    def request_sync(self) -> None:
+        """Fetch the master's State (once at a time); used on join, gaps and failover."""
+        if self._loop is None or (self._sync_task is not None and not self._sync_task.done()):
+            return
+        self._sync_task = self.spawn(self._sync_from_master(), "state-sync")
+
+    async def _sync_from_master(self) -> None:
+        delay = 0.2
+        while (master := self.master_id) is not None and master != self.node_id:
+            transport = self._transport(Topic.STATE_SYNC)
+            try:
+                reply = await transport.request(master, Topic.STATE_SYNC, b"", SYNC_TIMEOUT_S)
+                snapshot = codec.decode(reply, StateSnapshot)
+            except Exception as exc:
+                log.warning("state sync from %s failed (%s); retrying in %.1fs", master, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if snapshot.state is None or snapshot.master_node_id != self.master_id:
+                await asyncio.sleep(delay)  # it is not master (yet): its session is starting
+                delay = min(delay * 2, 5.0)
+                continue
+            before = self.state
+            self.reset_state(snapshot.state)
+            log.info("synced State from master %s at event %d", master, self.state.last_event_applied_idx)
+            await self.hooks.acall("on_state_synced", node=self, before=before, after=self.state)
+            nxt = min(self._pending_events, default=None)
+            if nxt is not None:
+                await self.ingest(self._pending_events[nxt])
+            if self._state_changed is not None:
+                async with self._state_changed:
+                    self._state_changed.notify_all()
+            return
 
     async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State:
         """Wait until State satisfies `predicate` (raises TimeoutError)."""

@@ -63,3 +63,11 @@ class State(WireModel):
         """A digest that is equal on two nodes exactly when their States are equal."""
         packed = msgpack.packb(self.wire(), use_bin_type=True)
         return hashlib.sha256(packed).hexdigest()
+
+
+class StateSnapshot(WireModel):
+    """The master's answer on STATE_SYNC: its whole State (bounded, unlike the log)."""
+
+    master_node_id: NodeId
+    state: State | None = None
+    reason: str = ""

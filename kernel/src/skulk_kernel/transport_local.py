@@ -19,6 +19,7 @@ class LocalTransport:
     def __init__(self) -> None:
         self._subs: dict[Topic, list[Callable[[str, bytes], None]]] = defaultdict(list)
         self._node_id = ""
+        self._handlers: dict[Topic, Callable[[str, bytes], bytes]] = {}
 
     async def start(self, node_id: str, options: dict[str, Any]) -> None:
         self._node_id = node_id
@@ -39,3 +40,12 @@ class LocalTransport:
 
     def on_peer(self, callback: Callable[[PeerEvent], None]) -> None:
         """A lone node has no peers."""
+
+    def serve(self, topic: Topic, handler: Callable[[str, bytes], bytes]) -> None:
+        self._handlers[topic] = handler
+
+    async def request(self, node_id: str, topic: Topic, payload: bytes, timeout: float) -> bytes:
+        handler = self._handlers.get(topic)
+        if node_id != self._node_id or handler is None:
+            raise TimeoutError(f"no node {node_id} serving {topic.value} in this process")
+        return handler(self._node_id, payload)

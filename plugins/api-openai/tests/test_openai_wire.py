@@ -315,6 +315,7 @@ def test_error_status() -> None:
         == 400
     )
     assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", error_type="timeout")) == 504
+    assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", code="instance_not_ready")) == 503
     assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x")) == 500
 
 

@@ -43,6 +43,18 @@ def test_matches_sentence_transformers_reference(embed_server):
         assert all(abs(a - b) < 2e-3 for a, b in zip(v[:8], REF["first8"][i], strict=False)), i
 
 
+def test_long_inputs_are_truncated_or_refused(embed_server):
+    from skulk_engine_llamacpp.events import ContextLengthExceeded
+
+    long_text = "the quick brown fox jumps over the lazy dog " * 80  # ~720 tokens
+    full = embed_server.embed([long_text])[0]
+    assert len(full) == 384 and abs(cos(full, full) - 1) < 1e-5
+    cut = embed_server.embed([long_text], max_tokens=256)[0]
+    assert len(cut) == 384 and cut != full
+    with pytest.raises(ContextLengthExceeded):
+        embed_server.embed([long_text], truncate=False)
+
+
 def test_wordpiece_tokenization_matches_hf(embed_server):
     # ids from the HF tokenizer for the same text, without [CLS]/[SEP]
     assert embed_server.tokenize("A man is eating a piece of bread.") == \

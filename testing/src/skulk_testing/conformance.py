@@ -681,6 +681,29 @@ class TransportConformance:
     async def test_on_peer_accepts_a_callback(self, started: Any) -> None:
         started.on_peer(lambda event: None)
 
+    async def test_request_to_self_gets_the_reply(self, started: Any) -> None:
+        if not hasattr(started, "request"):
+            pytest.skip("this transport has no request/serve")
+        senders: list[str] = []
+
+        def answer(sender: str, payload: bytes) -> bytes:
+            senders.append(sender)
+            return b"re:" + payload
+
+        started.serve(Topic.STATE_SYNC, answer)
+        if self.settle_s:
+            await asyncio.sleep(self.settle_s)
+        reply = await started.request(self.node_id, Topic.STATE_SYNC, b"q", timeout=self.delivery_timeout_s)
+        assert reply == b"re:q"
+        assert senders == [self.node_id]
+
+    async def test_request_to_nobody_times_out(self, started: Any) -> None:
+        if not hasattr(started, "request"):
+            pytest.skip("this transport has no request/serve")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(started.request("conformance-nobody", Topic.STATE_SYNC, b"q", timeout=0.5),
+                                   self.delivery_timeout_s + 5)
+
 
 # ============================== elections ========================================================
 

@@ -91,6 +91,8 @@ def error_status(chunk: ErrorChunk) -> int:
         return 400
     if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
         return 504
+    if chunk.code == "instance_not_ready":
+        return 503
     return 500
 
 

@@ -240,13 +240,29 @@ class LlamaServer:
 
     # -- embeddings ------------------------------------------------------------------------
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """L2-normalised embeddings, in input order."""
+    def embed(self, texts: list[str], truncate: bool = True,
+              max_tokens: int | None = None) -> list[list[float]]:
+        """L2-normalised embeddings, in input order.
+
+        llama.cpp refuses an input longer than the per-slot context (512 for MiniLM) instead of
+        truncating it, so with ``truncate`` we cut such inputs to ``max_tokens`` (default: the
+        context) keeping the final [SEP], and send token ids. sentence-transformers itself cuts
+        all-MiniLM-L6-v2 at 256 tokens: pass max_tokens=256 for identical long-text vectors.
+        """
         if not self.embedding:
             raise BackendError("this server was not started in embedding mode")
         if not texts:
             return []
-        data = self._post("/v1/embeddings", {"input": list(texts)})["data"]
+        limit = min(max_tokens or self.context_length, self.context_length)
+        inputs: list[str | list[int]] = list(texts)
+        if truncate:
+            for i, text in enumerate(texts):
+                if len(text) + 2 <= limit:
+                    continue  # every token covers at least one character
+                ids = self.tokenize(text, add_special=True)
+                if len(ids) > limit:
+                    inputs[i] = ids[: limit - 1] + ids[-1:]
+        data = self._post("/v1/embeddings", {"input": inputs})["data"]
         data.sort(key=lambda d: d["index"])
         return [_normalize([float(v) for v in d["embedding"]]) for d in data]
 
@@ -372,7 +388,8 @@ def _error_from(status: int, text: str) -> BackendError:
     except ValueError:
         err = {}
     message = str(err.get("message") or text[:500])
-    if err.get("type") == "exceed_context_size_error" or ("context" in message.lower() and (
-            "exceed" in message.lower() or "too long" in message.lower())):
+    low = message.lower()
+    if err.get("type") == "exceed_context_size_error" or "too large to process" in low or (
+            "context" in low and ("exceed" in low or "too long" in low)):
         return ContextLengthExceeded(message, status)
     return BackendError(message, status)

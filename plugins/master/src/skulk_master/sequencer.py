@@ -25,7 +25,7 @@ from skulk_kernel.contracts import PlacementError
 from skulk_kernel.ids import CommandId, NodeId, TaskId, new_id
 from skulk_kernel.inference import resolve_card
 from skulk_kernel.instances import RunnerFailed, instance_ready
-from skulk_kernel.state import State
+from skulk_kernel.state import State, StateSnapshot
 from skulk_kernel.tasks import (
     TERMINAL_TASK_STATUSES,
     ErrorChunk,
@@ -64,6 +64,14 @@ class Master:
     async def attach(self) -> None:
         self.node.subscribe(Topic.COMMANDS, self._on_command)
         self.node.subscribe(Topic.LOCAL_EVENTS, self._on_local_event)
+        self.node.transports["control"].serve(Topic.STATE_SYNC, self._serve_sync)
+
+    def _serve_sync(self, sender: str, payload: bytes) -> bytes:
+        """A joiner's or follower's snapshot request (runs on a transport thread; State is immutable)."""
+        if not self.active:
+            return codec.encode(StateSnapshot(master_node_id=NodeId(self.node.master_id or ""),
+                                              reason="not the master"))
+        return codec.encode(StateSnapshot(master_node_id=NodeId(self.node.node_id), state=self.state))
 
     async def stop(self) -> None:
         self.active = False
@@ -84,7 +92,14 @@ class Master:
         self.state = self.node.state
         self.active = True
         log.info("master session begins at event %d", self.state.last_event_applied_idx)
-        await self.index([ev.NodeJoined(node_id=self.node.node_id)], origin=self.node.node_id)
+        # Requests of the previous session cannot be carried over: their streams were failed on
+        # every API node when the master changed; end the tasks so runners stop and State is clean.
+        stale: list[Any] = []
+        for task in self.state.tasks.values():
+            if task.status not in TERMINAL_TASK_STATUSES:
+                stale.append(ev.TaskFailed(task_id=task.task_id, error_message="the master changed"))
+            stale.append(ev.TaskDeleted(task_id=task.task_id))
+        await self.index([*stale, ev.NodeJoined(node_id=self.node.node_id)], origin=self.node.node_id)
         self._plan_task = self.node.spawn(self._plan_loop(), "master-plan")
 
     # ------------------------------------------------------------------ indexing

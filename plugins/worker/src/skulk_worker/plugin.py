@@ -47,6 +47,13 @@ async def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> No
 
 
 @hookimpl
+async def on_state_synced(node: Any, after: Any) -> None:
+    worker = _workers.get(node.node_id)
+    if worker is not None:
+        await worker.reconcile(after)
+
+
+@hookimpl
 async def shutdown(node: Any) -> None:
     worker = _workers.pop(node.node_id, None)
     if worker is not None:

@@ -54,9 +54,24 @@ class Worker:
             sup = self.runners.get(runner_id) if runner_id else None
             if sup is not None:
                 sup.submit(event.task)
-        elif isinstance(event, ev.TaskStatusUpdated) and event.status == "Cancelled":
+        elif (isinstance(event, ev.TaskStatusUpdated) and event.status == "Cancelled") or \
+                isinstance(event, ev.TaskFailed):
             for sup in self.runners.values():
                 sup.cancel(event.task_id)
+
+    async def reconcile(self, state: Any) -> None:
+        """After a snapshot: run exactly the shards State assigns here, no more, no fewer."""
+        wanted = {}
+        for inst in state.instances.values():
+            runner_id = inst.shard_assignments.node_to_runner.get(self.node.node_id)
+            if runner_id is not None:
+                wanted[runner_id] = inst
+        for runner_id in set(self.runners) - set(wanted):
+            await self._stop_runner(runner_id)
+        for runner_id, inst in wanted.items():
+            if runner_id not in self.runners and runner_id not in self._starting:
+                self._starting[runner_id] = self.node.spawn(self._start_runner(inst, runner_id),
+                                                            f"start-{runner_id[:8]}")
 
     # ------------------------------------------------------------------ runners
 
