@@ -67,7 +67,8 @@ def resolve_model_id(node: Node, ref: str, task: str = "TextGeneration") -> str:
     placed = [i for i in node.state.instances.values() if i.shard_assignments.model_id == model_id]
     if card is None and not placed:
         known = ", ".join(sorted(catalog(node))) or "none"
-        raise InferenceError(404, f"model {ref!r} is not known to this cluster (known models: {known})",
+        raise InferenceError(404, f"model {ref!r} is not known to this cluster (known models: {known}); "
+                             "add a local model with POST /models/add {\"path\": ...}",
                              code="model_not_found", param="model")
     if card is not None and task not in card.tasks:
         raise InferenceError(400, f"model {model_id!r} does not support {task} (it supports "
@@ -89,6 +90,7 @@ class InferenceHandle:
     iterator: AsyncIterator[_Chunk]
     first: _Chunk
     finished: bool = False
+    closed: bool = False
 
     async def chunks(self) -> AsyncIterator[_Chunk]:
         """Every chunk, the already-awaited first one included; ends after the terminal one."""
@@ -107,7 +109,10 @@ class InferenceHandle:
             await self.node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=self.command_id))
 
     async def close(self) -> None:
-        """Always called: cancels an unfinished task (client gone) and frees the stream."""
+        """Always called (idempotent): cancels an unfinished task (client gone), frees the stream."""
+        if self.closed:
+            return
+        self.closed = True
         if not self.finished:
             await self.cancel()
         else:
@@ -115,28 +120,37 @@ class InferenceHandle:
         self.node.streams.close(self.command_id)
 
 
+# Errors that arrive as the first chunk but belong before the response: code -> HTTP status.
+_EARLY_ERRORS = {"context_length_exceeded": 400, "invalid_request": 400, "model_not_placed": 404,
+                 "instance_not_ready": 503, "instance_gone": 503}
+
+
 async def _start(node: Node, command: TextGeneration | TextEmbedding) -> InferenceHandle:
     stream = node.streams.open(command.command_id)
     iterator = stream.__aiter__()
-    await node.submit(command)
     try:
+        await node.submit(command)
         first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
     except (asyncio.TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
+        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None
     except BaseException:
         node.streams.close(command.command_id)
         await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise
     handle = InferenceHandle(node, command.command_id, iterator, first)
-    if isinstance(first, ErrorChunk) and first.code in ("context_length_exceeded", "invalid_request"):
+    if isinstance(first, ErrorChunk) and first.code in _EARLY_ERRORS:
         handle.finished = True
         await handle.close()
-        raise InferenceError(400, first.message, code=first.code)
+        status = _EARLY_ERRORS[first.code]
+        raise InferenceError(status, first.message, code=first.code,
+                             error_type="invalid_request_error" if status < 500 else "server_error")
     return handle
 
 
-async def generate(node: Node, params: TextGenerationParams) -> InferenceHandle:
+async def generate(node: Node, params: TextGenerationParams,
+                   command_id: str | None = None) -> InferenceHandle:
     """Send a TextGeneration command and wait for its first chunk.
 
     Errors that belong before the response starts (unknown model, no instance, context overflow)
@@ -145,16 +159,18 @@ async def generate(node: Node, params: TextGenerationParams) -> InferenceHandle:
     model_id = resolve_model_id(node, params.model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextGeneration(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+    command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
+                             params=params)
     for middleware in node.middleware:
         with contextlib.suppress(Exception):
             command = middleware.transform(command)
     return await _start(node, command)
 
 
-async def embed(node: Node, params: EmbeddingParams) -> InferenceHandle:
+async def embed(node: Node, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
     model_id = resolve_model_id(node, params.model_id, task="TextEmbedding")
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextEmbedding(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+    command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
+                            params=params)
     return await _start(node, command)

@@ -45,12 +45,17 @@ def test_matches_sentence_transformers_reference(embed_server):
 
 def test_long_inputs_are_truncated_or_refused(embed_server):
     from skulk_engine_llamacpp.events import ContextLengthExceeded
+    from skulk_engine_llamacpp.models import MINILM_MAX_SEQ_LENGTH
 
     long_text = "the quick brown fox jumps over the lazy dog " * 80  # ~720 tokens
     full = embed_server.embed([long_text])[0]
     assert len(full) == 384 and abs(cos(full, full) - 1) < 1e-5
-    cut = embed_server.embed([long_text], max_tokens=256)[0]
+    cut = embed_server.embed([long_text], max_tokens=MINILM_MAX_SEQ_LENGTH)[0]
     assert len(cut) == 384 and cut != full
+    # sentence-transformers cuts at 256 tokens too: same vector
+    assert REF["long_text"] == long_text
+    assert all(abs(a - b) < 2e-3 for a, b in zip(cut[:16], REF["long_first16_st_truncated_256"],
+                                                  strict=True))
     with pytest.raises(ContextLengthExceeded):
         embed_server.embed([long_text], truncate=False)
 

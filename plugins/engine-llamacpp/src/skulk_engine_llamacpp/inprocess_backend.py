@@ -29,6 +29,7 @@ from .events import (
     ContextLengthExceeded,
     Event,
     Finish,
+    FinishReason,
     TextDelta,
     TokenLogprob,
     TopLogprob,
@@ -213,6 +214,7 @@ class LlamaInProcess:
                             pending = []
                         else:
                             calls += 1
+                            pending = []  # those tokens were the call's, not prose
                             yield item
                 if parser is not None:
                     for item in parser.finish():
@@ -221,13 +223,17 @@ class LlamaInProcess:
                             pending = []
                         else:
                             calls += 1
+                            pending = []  # those tokens were the call's, not prose
                             yield item
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
-            # n_tokens counts prompt + evaluated output; the last sampled token is not evaluated
-            n_completion = max(n_out, llm.n_tokens - n_prompt + (1 if n_out else 0)) \
-                if not logprobs else n_out
-            reason = "tool_calls" if calls else ("length" if finish_reason == "length" else "stop")
+            # Chunks undercount when llama-cpp-python merges tokens of one UTF-8 character;
+            # n_tokens (prompt + output, minus the last sampled token, never evaluated) doesn't.
+            n_completion = n_out
+            if n_out and not logprobs:
+                n_completion = max(n_out, llm.n_tokens - n_prompt + 1)
+            reason: FinishReason = "tool_calls" if calls else (
+                "length" if finish_reason == "length" else "stop")
             yield Finish(reason, n_prompt, n_completion)

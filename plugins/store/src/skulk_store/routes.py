@@ -33,7 +33,7 @@ def model_entry(node: Any, card: Any) -> dict[str, Any]:
         caps.add("embedding")
     return {
         "id": card.model_id, "model_id": card.model_id, "name": card.model_id.split("/")[-1],
-        "object": "model", "tasks": list(card.tasks), "family": card.family,
+        "object": "model", "created": 0, "owned_by": "skulk", "tasks": list(card.tasks), "family": card.family,
         "capabilities": list(card.capabilities), "resolved_capabilities": sorted(caps),
         "quantization": card.quantization, "context_length": card.context_length,
         "storage_size": card.storage_size, "n_layers": card.n_layers, "hidden_size": card.hidden_size,
@@ -46,7 +46,7 @@ def model_entry(node: Any, card: Any) -> dict[str, Any]:
 def add_store_routes(app: Any, node: Any) -> None:
     @app.get("/models")
     async def list_models() -> dict[str, Any]:
-        return {"data": [model_entry(node, card) for card in catalog(node).values()]}
+        return {"object": "list", "data": [model_entry(node, card) for card in catalog(node).values()]}
 
     @app.post("/models/add")
     async def add_model(request: Request) -> Any:

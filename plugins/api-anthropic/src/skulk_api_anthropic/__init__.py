@@ -1,0 +1,1 @@
+"""Skulk's Anthropic-compatible inference API (Messages, count_tokens, models)."""

@@ -1,0 +1,1 @@
+"""Skulk's Ollama-compatible inference API (/api/* and /ollama/api/*)."""
