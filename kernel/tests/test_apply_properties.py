@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from skulk_kernel import events as ev
 from skulk_kernel.apply import OutOfOrderEvent, _apply_event, apply, replay
 from skulk_kernel.events import EVENT_TYPES, Event, IndexedEvent
 from skulk_kernel.hooks import GuardedHooks
-from skulk_kernel.plugins import new_plugin_manager, register_plugin
 from skulk_kernel.instances import (
     MlxRingInstance,
     PipelineShardMetadata,
@@ -35,6 +34,7 @@ from skulk_kernel.instances import (
     ShardAssignments,
 )
 from skulk_kernel.models import ModelCard
+from skulk_kernel.plugins import new_plugin_manager, register_plugin
 from skulk_kernel.state import (
     MAX_INSTANCE_FAILURES,
     DownloadCompletedStatus,
@@ -52,7 +52,7 @@ EVENT = TypeAdapter(Event)
 POOLED = StrategyBuilder(ids=["a", "b", "c"])  # ids collide, so events hit existing entries
 ANY_IDS = StrategyBuilder()
 PROPS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def json_round_trip(obj: Any, cls: Any) -> Any:
@@ -370,7 +370,9 @@ def test_golden_instances_and_runners() -> None:
     )
     state = log.state()
     assert set(state.instances) == {"i1", "i2"}
-    assert state.runners == {"r1": RunnerReady(), "r2": RunnerReady(), "r3": RunnerFailed(error_message="boom")}
+    assert state.runners == {
+        "r1": RunnerReady(), "r2": RunnerReady(), "r3": RunnerFailed(error_message="boom"),
+    }
 
     log.add(
         ev.InstanceDeleted(instance_id="i1", reason="user"),

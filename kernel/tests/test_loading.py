@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,22 @@ def test_plugin_that_fails_to_import_is_named(fake_plugin: Any) -> None:
         build_plugin_manager(profile_of("broken"))
 
 
+def test_misspelled_hook_is_a_load_error_naming_the_plugin(fake_plugin: Any) -> None:
+    fake_plugin("skulk-typo", plugin="engine-typo", module="skulk_fake_typo",
+                module_source="from skulk_kernel import hookimpl\n\n"
+                              "@hookimpl\ndef probe_nodes(facts):\n    pass\n")
+    with pytest.raises(PluginLoadError, match=r"plugin 'engine-typo'.*unknown hook 'probe_nodes'"):
+        build_plugin_manager(profile_of("engine-typo"))
+
+
+def test_hookimpl_with_unknown_argument_is_a_load_error(fake_plugin: Any) -> None:
+    fake_plugin("skulk-badargs", plugin="engine-badargs", module="skulk_fake_badargs",
+                module_source="from skulk_kernel import hookimpl\n\n"
+                              "@hookimpl\ndef probe_node(facts, weather):\n    pass\n")
+    with pytest.raises(PluginLoadError, match=r"(?s)plugin 'engine-badargs' \(skulk-badargs\).*weather"):
+        build_plugin_manager(profile_of("engine-badargs"))
+
+
 def test_only_the_profiles_plugins_are_loaded(fake_plugin: Any) -> None:
     fake_plugin("skulk-unused", plugin="unused", module="skulk_fake_unused",
                 module_source=PLUGIN_SOURCE.format(name="unused"))
@@ -150,8 +166,8 @@ def test_duplicate_engine_names_name_both_plugins(plugin_manager: pluggy.PluginM
 def test_duplicate_engine_name_with_a_real_plugin_stops_the_node(tmp_path: Path) -> None:
     pm = build_plugin_manager(profile_of("engine-echo"))
     register_plugin(pm, EnginePlugin("echo"), "engine-impostor")
-    with pytest.raises(NodeError, match=r"engine 'echo' is registered by both '(engine-echo|engine-impostor)' "
-                                        r"and '(engine-echo|engine-impostor)'"):
+    both = r"'(engine-echo|engine-impostor)'"
+    with pytest.raises(NodeError, match=rf"engine 'echo' is registered by both {both} and {both}"):
         Node(profile_of("engine-echo"), NodeOptions(home=tmp_path), pm=pm)
 
 
@@ -287,7 +303,7 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
             assert reading.backends == ("echo-cpu",)  # telemetry survived a raising probe_node
             assert before.probed >= 1 and after.probed >= 1
 
-            at = datetime.now(timezone.utc)
+            at = datetime.now(UTC)
             for idx in range(3):
                 await node.ingest(IndexedEvent(idx=idx, origin=node.node_id, at=at,
                                                event=NodeJoined(node_id=f"n{idx}")))
@@ -339,6 +355,15 @@ def test_node_traces_hooks_when_asked(tmp_path: Path, monkeypatch: pytest.Monkey
     node = Node(profile_of("engine-echo"), NodeOptions(home=tmp_path))
     assert node.hooks.trace is True
     assert node.plugin_names == ["engine-echo"]
+
+
+def test_trace_hooks_in_a_real_node_process(tmp_path: Path, node_factory: Any) -> None:
+    profile = tmp_path / "echo-only.toml"
+    profile.write_text('[profile]\nname = "echo-only"\nplugins = ["engine-echo"]\n')
+    node = node_factory(str(profile), "--no-api", env={"SKULK_TRACE_HOOKS": "1"})
+    node.wait_until(lambda: "hook probe_node -> engine-echo (" in node.log(), 30, "a traced hook call")
+    node.stop()
+    assert node.proc is not None and node.proc.returncode is not None
 
 
 def test_kernel_defaults_are_registered_trylast() -> None:

@@ -44,7 +44,8 @@ def installed_hello() -> Iterator[float]:
     result = pip("install", "--no-deps", "--no-input", *isolation, str(HELLO))
     took = time.monotonic() - started
     assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
-    log.warning("pip install of skulk-hello took %.1fs (%s)", took, "offline" if isolation else "isolated build")
+    how = "no build isolation" if isolation else "isolated build"
+    log.warning("pip install of skulk-hello took %.1fs (%s)", took, how)
     importlib.invalidate_caches()
     try:
         yield took

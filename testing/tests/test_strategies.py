@@ -99,7 +99,7 @@ def test_min_length_fields() -> None:
 
 def test_overrides_and_registered_types() -> None:
     builder = StrategyBuilder()
-    builder.register(dt.datetime, st.just(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)))
+    builder.register(dt.datetime, st.just(dt.datetime(2030, 1, 1, tzinfo=dt.UTC)))
     strategy = builder.model(Everything, count=st.just(1))
 
     @settings(max_examples=20, deadline=None)
@@ -118,7 +118,7 @@ def test_unsupported_types_say_how_to_fix() -> None:
         model_config = ConfigDict(arbitrary_types_allowed=True)
         odd: Odd
 
-    with pytest.raises(TypeError, match="register one with StrategyBuilder.register"):
+    with pytest.raises(TypeError, match=r"register one with StrategyBuilder\.register"):
         strategy_for(HasOdd).validate()
 
 

@@ -6,4 +6,4 @@ Plugin authors import `hookimpl` from here.
 from .hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
-__all__ = ["hookimpl", "hookspec", "__version__"]
+__all__ = ["__version__", "hookimpl", "hookspec"]

@@ -131,7 +131,7 @@ async def _start(node: Node, command: TextGeneration | TextEmbedding) -> Inferen
     try:
         await node.submit(command)
         first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
-    except (asyncio.TimeoutError, StopAsyncIteration):
+    except (TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
         await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None

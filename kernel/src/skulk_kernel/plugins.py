@@ -141,6 +141,13 @@ def build_plugin_manager(profile: Profile) -> pluggy.PluginManager:
             module = ep.load()
         except Exception as exc:  # an import error in a plugin must say which plugin
             raise PluginLoadError(f"plugin {name!r} failed to import: {exc!r}") from exc
-        register_plugin(pm, module, name)
-    pm.check_pending()
+        try:
+            register_plugin(pm, module, name)
+        except pluggy.PluginValidationError as exc:  # a hookimpl whose arguments match no spec
+            raise PluginLoadError(f"plugin {name!r} ({info.distribution}): {exc}") from exc
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:  # a misspelled hook name
+        culprit = next((n for n, p in pm.list_name_plugin() if p is exc.plugin), "?")
+        raise PluginLoadError(f"plugin {culprit!r}: {exc}; the hooks are listed in docs/hooks.md") from exc
     return pm

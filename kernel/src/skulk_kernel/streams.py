@@ -49,7 +49,7 @@ class ChunkStream:
         while not self.closed:
             try:
                 chunk = await asyncio.wait_for(self._queue.get(), self.idle_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.closed = True
                 yield ErrorChunk(
                     command_id=self.command_id, seq=self._next_seq,

@@ -7,7 +7,8 @@ Messages stay bytes so code paths match the networked transports.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .contracts import PeerEvent
 from .topics import Topic

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from skulk_kernel.contracts import RunnerSpec
 from skulk_engine_echo.engine import ECHO_EMBED_MODEL, ECHO_MODEL, EchoEngine, EchoModelStore, echo_cards
+from skulk_kernel.contracts import RunnerSpec
 from skulk_testing.conformance import (
     EngineConformance,
     ModelStoreConformance,

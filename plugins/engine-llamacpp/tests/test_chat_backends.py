@@ -164,3 +164,34 @@ def test_server_tool_template_keeps_the_original_prompt(chat_server):
         assert chat_server.apply_template(messages) == render(original, messages)
     assert chat_server.tool_mode == "prompt"
     assert "<tools>" in chat_server.apply_template(HELLO, TOOLS)
+
+
+def test_server_cancel_while_queued_for_a_slot(chat_server):
+    """No headers arrive while a request waits for a slot; cancel must still end it at once."""
+    import threading
+
+    stop_hogs = threading.Event()
+
+    def hog(i: int) -> None:
+        for _ in chat_server.chat([{"role": "user", "content": f"{i}: a very long story please"}],
+                                  sampling={"max_tokens": 400}, cancel=stop_hogs.is_set):
+            pass
+
+    hogs = [threading.Thread(target=hog, args=(i,)) for i in range(chat_server.n_parallel)]
+    for t in hogs:
+        t.start()
+    time.sleep(0.5)  # all slots busy now
+    cancel_queued = threading.Event()
+    threading.Timer(0.3, cancel_queued.set).start()
+    start = time.monotonic()
+    events = list(chat_server.chat(LONG, sampling={"max_tokens": 50}, cancel=cancel_queued.is_set))
+    waited = time.monotonic() - start
+    stop_hogs.set()
+    for t in hogs:
+        t.join(timeout=30)
+    assert events == []
+    assert waited < 1.5, f"cancel of a queued request took {waited:.2f}s"
+    deadline = time.monotonic() + 5
+    while any(s["is_processing"] for s in chat_server.slots()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

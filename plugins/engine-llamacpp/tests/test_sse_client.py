@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import httpcore
 import httpx
 import pytest
 from skulk_engine_llamacpp.events import (
@@ -32,11 +33,44 @@ def delta(**d) -> dict:
     return {"choices": [{"index": 0, "finish_reason": None, "delta": d}]}
 
 
-def fake_server(handler, tool_mode="native") -> LlamaServer:
+class RecStream(httpcore.MockStream):
+    """A mock socket that records what the client wrote."""
+
+    def __init__(self, buffer: list[bytes], sink: list[bytes]) -> None:
+        super().__init__(buffer)
+        self.sink = sink
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.sink.append(buffer)
+
+
+class RecBackend(httpcore.MockBackend):
+    def __init__(self, buffer: list[bytes], sink: list[bytes]) -> None:
+        super().__init__(buffer)
+        self.sink = sink
+
+    def connect_tcp(self, *args, **kwargs) -> RecStream:
+        return RecStream(list(self._buffer), self.sink)
+
+
+def fake_server(status: int, body: bytes, tool_mode="native", json_handler=None):
+    """A LlamaServer whose stream replies with the raw HTTP (status, body); requests recorded."""
     server = LlamaServer("/nonexistent.gguf")
     server.tool_mode = tool_mode
-    server._http = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://x")
+    server.base_url = "http://127.0.0.1:9"
+    server._http = httpx.Client(transport=httpx.MockTransport(
+        json_handler or (lambda r: httpx.Response(404))), base_url=server.base_url)
+    head = (f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sent: list[bytes] = []
+    server.network_backend_factory = lambda: RecBackend([head + body], sent)
+    server.sent = sent  # type: ignore[attr-defined]
     return server
+
+
+def request_json(server) -> dict:
+    raw = b"".join(server.sent)
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])
 
 
 def events_of(server, **kw):
@@ -56,14 +90,10 @@ def test_native_tool_call_deltas_are_assembled_into_whole_calls():
         {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 9}},
         "[DONE]",
     )
-    seen = {}
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.update(json.loads(request.content))
-        return httpx.Response(200, content=body)
-
-    evs = events_of(fake_server(handler), tools=[{"type": "function", "function": {"name": "get_weather"}},
+    server = fake_server(200, body)
+    evs = events_of(server, tools=[{"type": "function", "function": {"name": "get_weather"}},
                                                  {"type": "function", "function": {"name": "search"}}])
+    seen = request_json(server)
     assert seen["tools"] and seen["stream"] is True and "messages" in seen
     assert evs[0] == TextDelta("Checking.", None)
     assert evs[1] == ToolCallDelta("abc", "get_weather", '{"city": "Paris"}')
@@ -76,19 +106,19 @@ def test_prompt_mode_uses_apply_template_and_completions():
 
     def handler(request: httpx.Request) -> httpx.Response:
         paths.append(request.url.path)
-        if request.url.path == "/apply-template":
-            return httpx.Response(200, json={"prompt": "<|im_start|>user\nhi<|im_end|>\n"})
-        body = json.loads(request.content)
-        assert body["prompt"].startswith("<|im_start|>") and "<tool_response>" in body["stop"]
-        chunks = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]}
-                  for t in ["Sure", ". <tool", '_call>{"name": "f", "arguments": {"a": 1}}',
-                            "</tool_call>"]]
-        chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
-        return httpx.Response(200, content=sse(*chunks, "[DONE]"))
+        return httpx.Response(200, json={"prompt": "<|im_start|>user\nhi<|im_end|>\n"})
 
-    evs = events_of(fake_server(handler, "prompt"), tools=[{"type": "function", "function": {"name": "f"}}])
-    assert paths == ["/apply-template", "/v1/completions"]
+    chunks: list[dict | str] = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]}
+                                for t in ["Sure", ". <tool", '_call>{"name": "f", "arguments": {"a": 1}}',
+                                          "</tool_call>"]]
+    chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+    server = fake_server(200, sse(*chunks, "[DONE]"), "prompt", handler)
+    evs = events_of(server, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert paths == ["/apply-template"]
+    assert b"POST /v1/completions " in b"".join(server.sent)
+    body = request_json(server)
+    assert body["prompt"].startswith("<|im_start|>") and "<tool_response>" in body["stop"]
     assert [e.text for e in evs if isinstance(e, TextDelta)] == ["Sure", ". "]
     call = next(e for e in evs if isinstance(e, ToolCallDelta))
     assert (call.name, json.loads(call.arguments_json)) == ("f", {"a": 1})
@@ -99,7 +129,7 @@ def test_mid_stream_error_raises():
     body = sse(delta(content="Hel"), {"error": {
         "code": 500, "type": "server_error",
         "message": "The model produced output that does not match the expected peg-native format"}})
-    server = fake_server(lambda r: httpx.Response(200, content=body))
+    server = fake_server(200, body)
     it = server.chat([{"role": "user", "content": "hi"}])
     assert next(it) == TextDelta("Hel", None)
     with pytest.raises(BackendError, match="peg-native"):
@@ -109,27 +139,22 @@ def test_mid_stream_error_raises():
 def test_http_errors_are_typed():
     ctx = {"error": {"code": 400, "type": "exceed_context_size_error",
                      "message": "request (9031 tokens) exceeds the available context size (8192 tokens)"}}
-    server = fake_server(lambda r: httpx.Response(400, json=ctx))
+    server = fake_server(400, json.dumps(ctx).encode())
     with pytest.raises(ContextLengthExceeded) as info:
         events_of(server)
     assert info.value.status == 400
     loading = {"error": {"code": 503, "message": "Loading model"}}
-    server = fake_server(lambda r: httpx.Response(503, json=loading))
+    server = fake_server(503, json.dumps(loading).encode())
     with pytest.raises(BackendError, match="Loading model"):
         events_of(server)
 
 
 def test_sampling_is_filtered_and_logprobs_requested():
-    seen = {}
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.update(json.loads(request.content))
-        return httpx.Response(200, content=sse(
-            {"choices": [{"index": 0, "finish_reason": "length", "delta": {}}]}, "[DONE]"))
-
-    evs = events_of(fake_server(handler), sampling={"temperature": 0.2, "bogus": 1, "stop": ["x"],
-                                                     "max_tokens": None},
-                    logprobs=True)
+    server = fake_server(200, sse({"choices": [{"index": 0, "finish_reason": "length", "delta": {}}]},
+                                  "[DONE]"))
+    evs = events_of(server, sampling={"temperature": 0.2, "bogus": 1, "stop": ["x"],
+                                      "max_tokens": None}, logprobs=True)
+    seen = request_json(server)
     assert seen["temperature"] == 0.2 and "bogus" not in seen and "max_tokens" not in seen
     assert seen["logprobs"] is True and seen["top_logprobs"] == 1
     assert evs == [Finish("length", 0, 0)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from skulk_kernel.contracts import NodeCapacity, PlacementError, PlacementRequest
 from skulk_kernel.events import Connection
 from skulk_kernel.models import ModelCard

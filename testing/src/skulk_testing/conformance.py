@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -56,7 +57,6 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, TypeAdapter
-
 from skulk_kernel import codec
 from skulk_kernel.commands import Command, TextGeneration
 from skulk_kernel.contracts import (
@@ -100,8 +100,8 @@ __all__ = [
     "ApiAdapterConformance",
     "ElectionConformance",
     "EngineConformance",
-    "InferenceMiddlewareConformance",
     "Inbox",
+    "InferenceMiddlewareConformance",
     "ModelStoreConformance",
     "PlannerConformance",
     "PluginConformance",
@@ -114,7 +114,7 @@ _CHUNK = TypeAdapter(Chunk)
 _COMMAND = TypeAdapter(Command)
 _MODEL_TASKS = frozenset(typing.get_args(ModelTask))
 _FINISH_REASONS = frozenset(typing.get_args(FinishReason))
-_EPOCH = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 
 
 def make_runner_spec(card: ModelCard, model_path: Path | None = None, *, backend: str = "",
@@ -151,8 +151,8 @@ class PluginConformance:
         return plugins[self.plugin_name]
 
     def test_name_follows_kind_name_pattern(self, info: Any) -> None:
-        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", self.plugin_name), (
-            f"plugin names are <kind>-<name> in lower case, got {self.plugin_name!r}"
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.plugin_name), (
+            f"plugin names are <kind>-<name> (or one word for a role) in lower case, got {self.plugin_name!r}"
         )
 
     def test_declares_a_compatible_kernel_range(self, info: Any) -> None:
@@ -330,7 +330,8 @@ class EngineConformance:
         assert isinstance(tags, list)
         for tag in tags:
             assert isinstance(tag, str) and re.fullmatch(rf"{re.escape(engine.name)}-[a-z0-9_.]+", tag), (
-                f"backend tags are '<engine>-<compute>' ({engine.name}-cpu, {engine.name}-cuda...), got {tag!r}"
+                f"backend tags are '<engine>-<compute>' ({engine.name}-cpu, {engine.name}-cuda...), "
+                f"got {tag!r}"
             )
         assert len(tags) == len(set(tags)), f"duplicate tags {tags}"
         assert facts == before, "backend_tags must not change the facts"
@@ -437,7 +438,8 @@ class PlannerConformance:
         return ModelCard(model_id="conformance/model", n_layers=8, hidden_size=64, num_key_value_heads=8,
                          context_length=512, storage_size=64 * 1024**2, compatible_backends=(self.backend,))
 
-    def capacity(self, node_id: str, ram: int = 64 * GiB, backends: tuple[str, ...] | None = None) -> NodeCapacity:
+    def capacity(self, node_id: str, ram: int = 64 * GiB,
+                 backends: tuple[str, ...] | None = None) -> NodeCapacity:
         return NodeCapacity(node_id=node_id, ram_available=ram, ram_total=max(ram, 1),
                             backends=backends if backends is not None else (self.backend,))
 
@@ -447,7 +449,8 @@ class PlannerConformance:
         from skulk_kernel.apply import replay
 
         events: list[Any] = [NodeJoined(node_id=n) for n in nodes]
-        events += [TopologyEdgeCreated(edge=Connection(source=a, sink=b)) for a in nodes for b in nodes if a != b]
+        events += [TopologyEdgeCreated(edge=Connection(source=a, sink=b))
+                   for a in nodes for b in nodes if a != b]
         return replay(IndexedEvent(idx=i, origin=nodes[0] if nodes else "x", at=_EPOCH, event=e)
                       for i, e in enumerate(events))
 
@@ -469,7 +472,7 @@ class PlannerConformance:
             assert sa.runner_to_shard[runner].backend in nodes[node].backends
         if request.sharding == "Pipeline":
             assert shards[0].start_layer == 0 and shards[-1].end_layer == request.model.n_layers
-            for prev, nxt in zip(shards, shards[1:]):
+            for prev, nxt in itertools.pairwise(shards):
                 assert nxt.start_layer == prev.end_layer, "pipeline shards must tile the layers"
             assert all(s.end_layer > s.start_layer for s in shards)
         assert instance.context_limit >= 1
@@ -738,7 +741,8 @@ class ElectionConformance:
         try:
             deadline = time.monotonic() + self.election_timeout_s
             while lone_node.node_id not in changes:
-                assert time.monotonic() < deadline, f"no self-election in {self.election_timeout_s}s: {changes}"
+                assert time.monotonic() < deadline, (
+                    f"no self-election in {self.election_timeout_s}s: {changes}")
                 await asyncio.sleep(0.02)
             assert all(c is None or isinstance(c, str) for c in changes)
         finally:

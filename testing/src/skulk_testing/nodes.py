@@ -97,7 +97,8 @@ class NodeProcess:
         return ready
 
     def wait_ready(self, model_id: str | None = None, timeout: float = 120) -> NodeProcess:
-        self.wait_until(lambda: bool(self.ready_instances(model_id)), timeout, f"a ready instance of {model_id}")
+        self.wait_until(lambda: bool(self.ready_instances(model_id)), timeout,
+                        f"a ready instance of {model_id}")
         return self
 
     def pid(self) -> int:

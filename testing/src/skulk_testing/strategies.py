@@ -43,7 +43,7 @@ __all__ = [
     "union_members",
 ]
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 INT_BOUND = 2**62  # inside msgpack's int64 and every JSON parser's comfort zone
 _NONE_TYPE = type(None)
 

@@ -79,8 +79,7 @@ class Dispatch:
         """
         watcher = asyncio.ensure_future(wait_disconnect(request))
         try:
-            done, _ = await asyncio.wait({self.task, watcher}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({self.task, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watcher.cancel()
         if self.task in done:
@@ -134,8 +133,7 @@ class Dispatch:
 class InferenceStreamResponse(StreamingResponse):
     """A streaming response whose `on_close` runs however the response ends."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]],
-                 **kwargs: Any) -> None:
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
         self.on_close = on_close
 

@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
-
 from skulk_kernel.commands import (
     CreateInstance,
     DeleteInstance,

@@ -71,7 +71,7 @@ class ApiServer:
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self.task), 5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             self.task.cancel()
 
 

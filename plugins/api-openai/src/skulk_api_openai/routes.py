@@ -1,4 +1,5 @@
-"""The OpenAI routes: chat completions (JSON and SSE), bench chat completions, embeddings, models.
+"""The OpenAI routes: chat completions (JSON and SSE), bench chat completions, embeddings, models
+(and the Responses API, added from `responses_routes.py`).
 
 Every route goes through the kernel's one dispatch path (`skulk_kernel.inference.generate/embed`);
 this module only reads the request, picks the HTTP answer and hands chunks to the wire encoders.
@@ -149,6 +150,12 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
     async def post_bench_chat_completions(request: Request) -> Response:
         """Chat Completions whose JSON answer adds `generation_stats` (streams carry it as a comment)."""
         return await chat_completions(request, bench=True)
+
+    # --- responses (responses_routes.py) ---------------------------------------------------------
+
+    from .responses_routes import add_responses_routes
+
+    add_responses_routes(app, node, keepalive_s=keepalive_s, canonical=canonical)
 
     # --- embeddings ------------------------------------------------------------------------------
 

@@ -7,10 +7,10 @@ is only imported when a hook asks for it (the same rule keeps mlx, torch or llam
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from skulk_kernel import hookimpl
 
 PLUGIN = "engine-echo"

@@ -7,9 +7,11 @@ its own threads inside this process; we bind it to 127.0.0.1 on an ephemeral por
 no race picking a free port) and talk to it with a small synchronous httpx client that turns
 OpenAI SSE chunks into :mod:`.events`.
 
-Cancel: the caller's ``cancel()`` is checked after every streamed chunk; when it returns True we
-close the HTTP response, the server sees the dropped connection and releases the slot (measured
-in the tests). Nothing is checked while the server is still evaluating the prompt.
+Cancel: the caller's ``cancel()`` is checked after every streamed chunk, and also every 20 ms by
+one watcher thread (:mod:`.abortable`) that shuts the socket down -- so a request still queued
+for a slot or evaluating its prompt (llama.cpp sends no headers until the first token) is
+abandoned at once too. The server sees the dropped connection and releases the slot (the tests
+measure it).
 
 Tools: if the GGUF's template knows tools we pass them through and llama.cpp's own parser
 returns structured ``tool_calls`` ("native"). If it does not (SmolLM2), we start the server with
@@ -25,10 +27,11 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from .abortable import AbortableStream, CancelWatcher
 from .events import (
     BackendError,
     CancelCheck,
@@ -46,6 +49,7 @@ from .templates import (
     default_system_prompt,
     is_chatml,
     read_gguf_chat_template,
+    read_gguf_metadata,
     template_supports_tools,
 )
 from .toolcalls import STOP_MARKERS, ToolCallStreamParser, new_call_id
@@ -91,8 +95,9 @@ class LlamaServer:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
         it; together they may not). Default: the model's training context. For embeddings it
-        is per slot (default 512). cache_ram_mib: llama.cpp's RAM prompt cache (its default is
-        8 GiB, too much for a small shared node).
+        is per slot (default: the model's context, 512 for MiniLM).
+        cache_ram_mib: llama.cpp's RAM prompt cache (its default, 8 GiB, is too much for a
+        small shared node).
         """
         self.model_path = Path(model_path)
         self.embedding = embedding
@@ -107,6 +112,9 @@ class LlamaServer:
         self.verbosity = verbosity
         self._server: Any = None
         self._http: Any = None
+        self._watcher = CancelWatcher()
+        #: tests inject ``httpcore.MockBackend`` here; None = real sockets
+        self.network_backend_factory: Callable[[], Any] | None = None
         self._lock = threading.Lock()
         self.base_url = ""
         self.context_length = 0
@@ -131,6 +139,9 @@ class LlamaServer:
         p.cpuparams.n_threads = self.n_threads
         p.cpuparams_batch.n_threads = self.n_threads
         p.verbosity = self.verbosity
+        # cpp-httplib serves one connection per thread; enough threads that queued streams are
+        # read (and their disconnects noticed) instead of waiting unaccepted in the backlog
+        p.n_threads_http = max(16, 4 * self.n_parallel)
         p.endpoint_props = True
         p.endpoint_slots = True
         p.endpoint_metrics = True
@@ -138,7 +149,7 @@ class LlamaServer:
         p.cache_ram_mib = self.cache_ram_mib
         p.use_jinja = True
         if self.embedding:
-            per_slot = self._n_ctx_req or 512
+            per_slot = self._n_ctx_req or self._model_context() or 512
             p.embedding = True
             p.kv_unified = False
             p.n_ctx = per_slot * self.n_parallel
@@ -155,12 +166,22 @@ class LlamaServer:
             mode = self._tool_mode_req
             if mode == "auto":
                 mode = "native" if template_supports_tools(template) else "prompt"
-            if mode == "prompt" and not template_supports_tools(template) and is_chatml(template):
+            if not template_supports_tools(template) and is_chatml(template):
+                # without it llama.cpp drops `tools` silently and breaks on tool-call history
                 template = chatml_tools_template(default_system_prompt(template))
             self.tool_mode = mode
             if template and template != gguf_template:
                 p.chat_template = template
         return p
+
+    def _model_context(self) -> int | None:
+        meta = read_gguf_metadata(self.model_path, ("general.architecture",))
+        arch = meta.get("general.architecture")
+        if not isinstance(arch, str):
+            return None
+        ctx = read_gguf_metadata(self.model_path, (f"{arch}.context_length",)).get(
+            f"{arch}.context_length")
+        return int(ctx) if isinstance(ctx, int) else None
 
     def start(self) -> LlamaServer:
         import httpx
@@ -191,6 +212,8 @@ class LlamaServer:
                 self._http.close()
                 self._http = None
             server, self._server = self._server, None
+        self._watcher.stop()
+        self._watcher = CancelWatcher()
         del server  # xllamacpp stops its loop in the destructor
 
     @property
@@ -305,7 +328,7 @@ class LlamaServer:
     def _stream(self, path: str, body: dict[str, Any], parser: ToolCallStreamParser | None,
                 want_logprobs: bool, keep_top: bool,
                 cancel: CancelCheck | None) -> Iterator[Event]:
-        client = self._client()
+        self._client()  # raises if the server is not running
         finish_reason: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
@@ -325,12 +348,34 @@ class LlamaServer:
                     pending_lp = []  # those tokens were the call's, not prose
                     yield item
 
-        with client.stream("POST", path, json=body) as resp:
-            if resp.status_code != 200:
-                raise _error_from(resp.status_code, resp.read().decode("utf-8", "replace"))
-            for line in resp.iter_lines():
+        stream = AbortableStream(self.base_url, path, json.dumps(body).encode(),
+                                 self.request_timeout_s,
+                                 self.network_backend_factory() if self.network_backend_factory
+                                 else None)
+        key = self._watcher.add(cancel, stream) if cancel is not None else None
+        try:
+            try:
+                status = stream.open()
+                if status != 200:
+                    raise _error_from(status, stream.read_all())
+                lines = stream.lines()
+            except BackendError:
+                raise
+            except Exception as exc:
+                if stream.aborted:
+                    return  # cancelled while queued / evaluating the prompt
+                raise BackendError(f"llama.cpp server stream failed: {exc!r}") from exc
+            while True:
                 if cancel is not None and cancel():
-                    return  # leaving the with-block closes the connection -> slot released
+                    return  # the finally-block closes the connection -> slot released
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    if stream.aborted:
+                        return
+                    raise BackendError(f"llama.cpp server stream broke: {exc!r}") from exc
                 if not line.startswith("data: "):
                     continue
                 payload = line[6:]
@@ -366,6 +411,10 @@ class LlamaServer:
                             yield from emit(parser.feed(text))
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]
+        finally:
+            if key is not None:
+                self._watcher.remove(key)
+            stream.close()
         if parser is not None:
             yield from emit(parser.finish())
         for _, call in sorted(native_calls.items()):

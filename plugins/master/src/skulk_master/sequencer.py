@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-
 from skulk_kernel import codec
 from skulk_kernel import commands as cmd
 from skulk_kernel import events as ev
@@ -25,6 +24,7 @@ from skulk_kernel.contracts import PlacementError
 from skulk_kernel.ids import CommandId, NodeId, TaskId, new_id
 from skulk_kernel.inference import resolve_card
 from skulk_kernel.instances import RunnerFailed, instance_ready
+from skulk_kernel.placement import capacities, plan_placement
 from skulk_kernel.state import State, StateSnapshot
 from skulk_kernel.tasks import (
     TERMINAL_TASK_STATUSES,
@@ -32,7 +32,6 @@ from skulk_kernel.tasks import (
     TextEmbeddingTask,
     TextGenerationTask,
 )
-from skulk_kernel.placement import capacities, plan_placement
 from skulk_kernel.topics import Topic
 
 log = logging.getLogger("skulk.master")
@@ -109,7 +108,7 @@ class Master:
         if not events:
             return
         async with self._lock:
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             for event in events:
                 indexed = ev.IndexedEvent(idx=self.state.last_event_applied_idx + 1, origin=NodeId(origin),
                                           at=now, event=event)
@@ -202,7 +201,7 @@ class Master:
         if failed:
             out.append(ev.InstanceFailureRecorded(instance_id=inst.instance_id,
                                                   model_id=inst.shard_assignments.model_id,
-                                                  reason=reason, at=datetime.now(timezone.utc)))
+                                                  reason=reason, at=datetime.now(UTC)))
         out.append(ev.InstanceDeleted(instance_id=inst.instance_id, reason=reason))
         return out
 

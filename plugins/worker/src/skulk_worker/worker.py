@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
 from skulk_kernel import commands as cmd
 from skulk_kernel import events as ev
 from skulk_kernel.contracts import RunnerSpec

@@ -1,0 +1,337 @@
+"""Kernel chunks -> Anthropic `message` bodies and Messages SSE events.
+
+Wire rules (reference/api-wire-checklist.md 2.0 X2/X6 and 2.4 A1-A7):
+
+* every SSE event is `event: <type>` + `data: {"type": "<type>", ...}` with the same name;
+* `message_start` first, with `content: []` and a `usage` object; `ping` only while waiting;
+* content blocks get dense indices from 0 in start order; each block is started with its empty
+  field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}`), gets its deltas, and is
+  stopped before the next one starts; a tool call is one block with its whole input as one
+  `input_json_delta` (always a JSON object);
+* `message_delta` carries `stop_reason`, `stop_sequence` and cumulative `usage` (input and output
+  tokens, which the SDKs apply to the final message), then `message_stop` is last;
+* an error after the stream started is `event: error` with `{"type": "error", "error": {...}}`.
+
+Blocks are built in the order the chunks come (thinking, text and tool calls as the model produced
+them), the same for streaming and non-streaming answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from skulk_kernel.tasks import ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_type_for(status: int) -> str:
+    if status in ERROR_TYPES:
+        return ERROR_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def error_status(chunk: ErrorChunk) -> int:
+    """The HTTP status for an error chunk that arrives before any byte of the response was sent."""
+    if chunk.code in ("context_length_exceeded", "invalid_request") or chunk.error_type == "invalid_request_error":
+        return 400
+    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
+        return 504
+    return 500
+
+
+def stop_reason(reason: str | None, had_tool_calls: bool) -> str:
+    """The kernel's finish reason as Anthropic spells it.
+
+    `stop_sequence` is never reported: the kernel's terminal chunk does not say whether a stop string
+    or the end of the turn ended the generation, so both are `end_turn` (see the README).
+    """
+    if had_tool_calls and reason in (None, "stop", "tool_calls"):
+        return "tool_use"
+    if reason == "length":
+        return "max_tokens"
+    if reason == "tool_calls":
+        return "tool_use"
+    if reason == "content_filter":
+        return "refusal"
+    return "end_turn"  # stop, and cancelled (only seen after POST /v1/cancel/{command_id})
+
+
+def tool_use_id(call_id: str) -> str:
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
+
+
+def tool_input(call: ToolCall) -> dict[str, Any]:
+    """The call's arguments as the object Anthropic's `input` must be."""
+    try:
+        value = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.warning("tool call %s has arguments that are not a JSON object: %.200s", call.name, call.arguments)
+    return {"arguments": call.arguments}
+
+
+def usage_body(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": None,
+        "server_tool_use": None,
+        "service_tier": None,
+    }
+
+
+def error_body(error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def sse(event_type: str, data: dict[str, Any]) -> str:
+    return f"event: {event_type}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def error_event(error_type: str, message: str) -> str:
+    return sse("error", error_body(error_type, message))
+
+
+PING = sse("ping", {"type": "ping"})
+
+
+# --- non-streaming -------------------------------------------------------------------------------
+
+
+@dataclass
+class Collected:
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    had_tool_calls: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: ErrorChunk | None = None
+
+    def add_text(self, kind: str, text: str) -> None:
+        key = "thinking" if kind == "thinking" else "text"
+        if self.blocks and self.blocks[-1]["type"] == kind:
+            self.blocks[-1][key] += text
+        elif kind == "thinking":
+            self.blocks.append({"type": "thinking", "thinking": text, "signature": ""})
+        else:
+            self.blocks.append({"type": "text", "text": text, "citations": None})
+
+
+async def collect(chunks: AsyncIterator[_Chunk]) -> Collected:
+    out = Collected()
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            out.error = chunk
+            break
+        if isinstance(chunk, TokenChunk) and chunk.text:
+            out.add_text("thinking" if chunk.reasoning else "text", chunk.text)
+            out.tokens += 1
+        elif isinstance(chunk, ToolCallChunk):
+            for call in chunk.calls:
+                out.blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": tool_use_id(call.id),
+                        "name": call.name,
+                        "input": tool_input(call),
+                        "caller": None,
+                    }
+                )
+            out.had_tool_calls = out.had_tool_calls or bool(chunk.calls)
+            out.tokens += len(chunk.calls)
+        if chunk.finish_reason is not None:
+            if chunk.finish_reason == "error":
+                out.error = ErrorChunk(
+                    command_id=chunk.command_id,
+                    seq=chunk.seq,
+                    message="the generation failed",
+                    error_type="server_error",
+                )
+            out.finish_reason = chunk.finish_reason
+            out.usage = chunk.usage
+    return out
+
+
+def message_body(c: Collected, *, message_id: str, model: str, input_estimate: int) -> dict[str, Any]:
+    input_tokens = c.usage.prompt_tokens if c.usage and c.usage.prompt_tokens else input_estimate
+    output_tokens = c.usage.completion_tokens if c.usage else c.tokens
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": c.blocks,
+        "stop_reason": stop_reason(c.finish_reason, c.had_tool_calls),
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": usage_body(input_tokens, output_tokens),
+    }
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+
+class MessageStreamEncoder:
+    """Turns chunks into Anthropic SSE text; one instance per response."""
+
+    def __init__(self, *, message_id: str, model: str, input_estimate: int) -> None:
+        self.message_id = message_id
+        self.model = model
+        self.input_estimate = input_estimate
+        self.index = -1
+        self.open: str | None = None  # the type of the block now open
+        self.tokens = 0
+        self.had_tool_calls = False
+
+    def message_start(self) -> str:
+        return sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": self.message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "stop_details": None,
+                    "container": None,
+                    # The prompt is counted by the engine, which reports it at the end: this is an
+                    # estimate; message_delta carries the engine's count and the SDKs keep that one.
+                    "usage": usage_body(self.input_estimate, 0),
+                },
+            },
+        )
+
+    def _close_block(self) -> str:
+        if self.open is None:
+            return ""
+        self.open = None
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
+    def _start_block(self, block: dict[str, Any]) -> str:
+        out = self._close_block()
+        self.index += 1
+        self.open = block["type"]
+        return out + sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+        )
+
+    def token(self, chunk: TokenChunk) -> str:
+        if not chunk.text:
+            return ""
+        self.tokens += 1
+        out = ""
+        if chunk.reasoning:
+            if self.open != "thinking":
+                out = self._start_block({"type": "thinking", "thinking": "", "signature": ""})
+            delta: dict[str, Any] = {"type": "thinking_delta", "thinking": chunk.text}
+        else:
+            if self.open != "text":
+                out = self._start_block({"type": "text", "text": "", "citations": None})
+            delta = {"type": "text_delta", "text": chunk.text}
+        return out + sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def tool_calls(self, chunk: ToolCallChunk) -> str:
+        out = []
+        for call in chunk.calls:
+            self.had_tool_calls = True
+            self.tokens += 1
+            out.append(
+                self._start_block(
+                    {
+                        "type": "tool_use",
+                        "id": tool_use_id(call.id),
+                        "name": call.name,
+                        "input": {},
+                        "caller": None,
+                    }
+                )
+            )
+            out.append(
+                sse(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": self.index,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(tool_input(call))},
+                    },
+                )
+            )
+            out.append(self._close_block())
+        return "".join(out)
+
+    def finish(self, reason: str | None, usage: Usage | None) -> str:
+        input_tokens = usage.prompt_tokens if usage and usage.prompt_tokens else self.input_estimate
+        output_tokens = usage.completion_tokens if usage else self.tokens
+        return (
+            self._close_block()
+            + sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": stop_reason(reason, self.had_tool_calls),
+                        "stop_sequence": None,
+                        "stop_details": None,
+                    },
+                    "usage": {
+                        "input_tokens": input_tokens,
+                        "output_tokens": output_tokens,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                    },
+                },
+            )
+            + sse("message_stop", {"type": "message_stop"})
+        )
+
+    async def events(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+        """Everything after message_start, ending with message_stop (or an error event)."""
+        async for chunk in chunks:
+            if isinstance(chunk, ErrorChunk):
+                yield self._close_block() + error_event(
+                    "invalid_request_error" if error_status(chunk) == 400 else "api_error", chunk.message
+                )
+                return
+            if isinstance(chunk, TokenChunk):
+                text = self.token(chunk)
+                if text:
+                    yield text
+            elif isinstance(chunk, ToolCallChunk):
+                yield self.tool_calls(chunk)
+            if chunk.finish_reason is not None:
+                if chunk.finish_reason == "error":
+                    yield self._close_block() + error_event("api_error", "the generation failed")
+                    return
+                yield self.finish(chunk.finish_reason, chunk.usage)
+                return

@@ -1,0 +1,412 @@
+"""The Ollama routes, under both `/api/*` and `/ollama/api/*`, and the `/` liveness answer.
+
+Every inference goes through the kernel's one dispatch path (`skulk_kernel.inference.generate` /
+`embed`); this module only reads the request, picks the HTTP answer and hands chunks to `wire`.
+
+Errors known before the first byte are HTTP statuses with `{"error": "text"}` (4xx with
+`x-should-retry: false`); later ones are a `{"error": "text"}` NDJSON line.
+
+Model names: Ollama clients send names with a tag (`echo:latest`, `skulk/echo:latest`). A name is
+used as is when the catalog resolves it (or an instance runs it); otherwise a `:latest` tag is
+dropped and the rest resolved (the kernel's resolver also matches an id's last path part, so
+`echo:latest` -> `skulk/echo`). Lists show `<id>:latest` for ids without a tag, as Ollama does.
+Responses echo the model name the client sent, as Ollama does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from skulk_kernel.inference import (
+    InferenceError,
+    catalog,
+    embed,
+    generate,
+    resolve_card,
+    resolve_model_id,
+    serving_instances,
+)
+from skulk_kernel.models import ModelCard
+from skulk_kernel.tasks import EmbeddingParams, ErrorChunk
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from . import wire
+from .dispatch import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
+from .requests import (
+    GenerationRequest,
+    RequestError,
+    model_name,
+    parse_chat,
+    parse_embed,
+    parse_embeddings,
+    parse_generate,
+    parse_json_object,
+)
+
+CLIENT_CLOSED = 499
+MAX_BODY_BYTES = 32 * 1024 * 1024
+NDJSON = "application/x-ndjson"
+RUNNING = "Ollama is running"
+NEVER_EXPIRES = "2999-12-31T23:59:59Z"  # instances stay until deleted: there is no keep_alive expiry
+PREFIXES = ("/api", "/ollama/api")
+
+try:  # the host's body limit, so every adapter enforces the same one
+    from skulk_api_control.server import MAX_BODY_BYTES  # type: ignore[no-redef]
+except ImportError:  # pragma: no cover - api-control is the HTTP host
+    pass
+
+
+def ollama_error(status: int, message: str) -> JSONResponse:
+    headers = {"x-should-retry": "false"} if 400 <= status < 500 else {}
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class OllamaRoot:
+    """`GET /` and `HEAD /` answer "Ollama is running" (Ollama's liveness check).
+
+    A middleware rather than a route, so a dashboard that owns `/` still gets browsers: when another
+    plugin registered `/` and the client accepts text/html, the request passes through.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope.get("method") in ("GET", "HEAD")
+            and scope.get("path") in ("/", "/ollama", "/ollama/")
+        ):
+            accept = dict(scope.get("headers", ())).get(b"accept", b"").decode("latin-1")
+            owned = scope.get("path") == "/" and _root_route_exists(scope)
+            if not (owned and "text/html" in accept):
+                await PlainTextResponse(RUNNING)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _root_route_exists(scope: Scope) -> bool:
+    app = scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", ())
+    return any(getattr(r, "path", None) == "/" for r in routes)
+
+
+def display_name(model_id: str) -> str:
+    return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + ":latest"
+
+
+def digest(model_id: str) -> str:
+    return hashlib.sha256(model_id.encode()).hexdigest()
+
+
+def details(card: ModelCard | None) -> dict[str, Any]:
+    family = card.family if card else ""
+    return {
+        "parent_model": "",
+        "format": "gguf" if card and card.gguf_file else "",
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": "",
+        "quantization_level": card.quantization if card else "",
+    }
+
+
+def capabilities(card: ModelCard | None) -> list[str]:
+    if card is None:
+        return ["completion"]
+    caps = []
+    if "TextGeneration" in card.tasks:
+        caps.append("completion")
+    if "TextEmbedding" in card.tasks:
+        caps.append("embedding")
+    have = set(card.capabilities)
+    if "tools" in have:
+        caps.append("tools")
+    if have & {"thinking", "reasoning"}:
+        caps.append("thinking")
+    if have & {"vision", "image"}:
+        caps.append("vision")
+    return caps
+
+
+def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
+    app.add_middleware(OllamaRoot)
+    modified_at = wire.rfc3339(node.started_at)
+
+    def route(method: str, path: str, **kwargs: Any) -> Any:
+        """Registers the handler under every prefix (`/api/...` and `/ollama/api/...`)."""
+
+        def register(fn: Any) -> Any:
+            for i, prefix in enumerate(PREFIXES):
+                app.add_api_route(
+                    prefix + path, fn, methods=[method], tags=["ollama"], include_in_schema=i == 0, **kwargs
+                )
+            return fn
+
+        return register
+
+    def resolve(name: str) -> str:
+        """The model id for an Ollama model name (see the module docstring)."""
+        candidates = [name]
+        base, sep, tag = name.rpartition(":")
+        if sep and base and tag == "latest":
+            candidates.append(base)
+        placed = {i.shard_assignments.model_id for i in list(node.state.instances.values())}
+        for ref in candidates:
+            if ref in placed:
+                return ref
+            try:
+                card = resolve_card(node, ref)
+            except Exception:
+                card = None
+            if card is not None:
+                return card.model_id
+        return candidates[-1]
+
+    async def read_json(request: Request) -> dict[str, Any]:
+        try:
+            body = await read_body(request, MAX_BODY_BYTES)
+        except BodyTooLarge as exc:
+            raise RequestError(str(exc), status=413) from None
+        return parse_json_object(body)
+
+    # --- chat and generate -----------------------------------------------------------------------
+
+    async def run_generation(request: Request, kind: str) -> Response:
+        timing = wire.Timing()
+        try:
+            data = await read_json(request)
+            req: GenerationRequest = parse_chat(data) if kind == "chat" else parse_generate(data)
+        except RequestError as exc:
+            return ollama_error(exc.status, exc.message)
+        model_id = resolve(req.model)
+        if req.params is None:  # a load request: answer once the model is known to be served
+            try:
+                resolve_model_id(node, model_id)
+            except InferenceError as exc:
+                return ollama_error(exc.status, exc.message)
+            body = wire.load_body(req.model, kind)
+            if req.stream:
+                return Response(wire.line(body), media_type=NDJSON)
+            return JSONResponse(body)
+        params = req.params.model_copy(update={"model_id": model_id})
+        dispatch = Dispatch(generate(node, params))
+        handing_over = False
+        try:
+            await dispatch.wait(request)
+            handle = dispatch.handle()  # raises InferenceError: an HTTP status
+            if isinstance(handle.first, ErrorChunk):
+                handle.finished = True
+                return ollama_error(wire.error_status(handle.first), handle.first.message)
+            if req.stream:
+                encoder = wire.StreamEncoder(model=req.model, kind=kind, timing=timing)
+                handing_over = True
+                return InferenceStreamResponse(_ndjson(dispatch, encoder), dispatch.close, media_type=NDJSON)
+            got = await dispatch.run(request, wire.collect(handle.chunks(), timing))
+            if got.error is not None:
+                return ollama_error(wire.error_status(got.error), got.error.message)
+            body_fn = wire.chat_body if kind == "chat" else wire.generate_body
+            return JSONResponse(body_fn(got, model=req.model, timing=timing))
+        except InferenceError as exc:
+            return ollama_error(exc.status, exc.message)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            if not handing_over:
+                await dispatch.close()
+
+    @route("POST", "/chat")
+    async def post_chat(request: Request) -> Response:
+        """Ollama chat: NDJSON stream unless `"stream": false`."""
+        return await run_generation(request, "chat")
+
+    @route("POST", "/generate")
+    async def post_generate(request: Request) -> Response:
+        """Ollama generate (`raw: true` sends the prompt untemplated): NDJSON unless `"stream": false`."""
+        return await run_generation(request, "generate")
+
+    # --- embeddings ------------------------------------------------------------------------------
+
+    async def run_embedding(request: Request, params: EmbeddingParams) -> Any:
+        """The vectors, or an error response."""
+        dispatch = Dispatch(embed(node, params))
+        try:
+            await dispatch.wait(request)
+            handle = dispatch.handle()
+            got = await dispatch.run(request, _embeddings(handle.chunks()))
+        except InferenceError as exc:
+            return ollama_error(exc.status, exc.message)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            await dispatch.close()
+        if isinstance(got, ErrorChunk):
+            return ollama_error(wire.error_status(got), got.message)
+        vectors, prompt_tokens = got
+        if len(vectors) != len(params.inputs):
+            return ollama_error(500, f"the engine returned {len(vectors)} embeddings for {len(params.inputs)} inputs")
+        return vectors, prompt_tokens
+
+    @route("POST", "/embed")
+    async def post_embed(request: Request) -> Response:
+        """`input`: a string or a list of strings -> `embeddings: [[...]]`."""
+        started = wire.Timing()
+        try:
+            model, params = parse_embed(await read_json(request))
+        except RequestError as exc:
+            return ollama_error(exc.status, exc.message)
+        got = await run_embedding(request, params.model_copy(update={"model_id": resolve(model)}))
+        if isinstance(got, Response):
+            return got
+        vectors, prompt_tokens = got
+        started.end()
+        total = max(started.end_ns - started.start_ns, 1)
+        return JSONResponse(
+            {
+                "model": model,
+                "embeddings": vectors,
+                "total_duration": total,
+                "load_duration": 1,
+                "prompt_eval_count": prompt_tokens,
+            }
+        )
+
+    @route("POST", "/embeddings")
+    async def post_embeddings(request: Request) -> Response:
+        """Legacy: one `prompt` -> `embedding: [...]` (an empty prompt gives an empty embedding)."""
+        try:
+            model, prompt = parse_embeddings(await read_json(request))
+        except RequestError as exc:
+            return ollama_error(exc.status, exc.message)
+        model_id = resolve(model)
+        if not prompt:
+            try:
+                resolve_model_id(node, model_id, task="TextEmbedding")
+            except InferenceError as exc:
+                return ollama_error(exc.status, exc.message)
+            return JSONResponse({"embedding": []})
+        got = await run_embedding(request, EmbeddingParams(model_id=model_id, inputs=(prompt,)))
+        if isinstance(got, Response):
+            return got
+        return JSONResponse({"embedding": got[0][0]})
+
+    # --- models ----------------------------------------------------------------------------------
+
+    def cards() -> dict[str, ModelCard]:
+        try:
+            return catalog(node)
+        except Exception:
+            return {}
+
+    def tag_entry(model_id: str, card: ModelCard | None) -> dict[str, Any]:
+        name = display_name(model_id)
+        return {
+            "name": name,
+            "model": name,
+            "modified_at": modified_at,
+            "size": card.storage_size if card else 0,
+            "digest": digest(model_id),
+            "details": details(card),
+        }
+
+    @route("GET", "/tags")
+    async def get_tags() -> dict[str, Any]:
+        """Every model this cluster knows: those with an instance first, then the catalog."""
+        known = cards()
+        ids: list[str] = []
+        for inst in list(node.state.instances.values()):
+            if inst.shard_assignments.model_id not in ids:
+                ids.append(inst.shard_assignments.model_id)
+        ids += sorted(m for m in known if m not in ids)
+        return {"models": [tag_entry(m, known.get(m)) for m in ids]}
+
+    @route("GET", "/ps")
+    async def get_ps() -> dict[str, Any]:
+        """Models with a ready instance (one entry per model)."""
+        known = cards()
+        models = []
+        seen: set[str] = set()
+        for inst in list(node.state.instances.values()):
+            model_id = inst.shard_assignments.model_id
+            if model_id in seen or not serving_instances(node, model_id):
+                continue
+            seen.add(model_id)
+            card = known.get(model_id)
+            size = card.storage_size if card else 0
+            backends = {s.backend for s in inst.shard_assignments.runner_to_shard.values()}
+            on_gpu = any(tag in b for b in backends for tag in ("cuda", "metal", "mlx", "rocm", "vulkan"))
+            models.append(
+                {
+                    **tag_entry(model_id, card),
+                    "expires_at": NEVER_EXPIRES,
+                    "size_vram": size if on_gpu else 0,
+                    "context_length": inst.context_limit,
+                }
+            )
+        return {"models": models}
+
+    @route("POST", "/show")
+    async def post_show(request: Request) -> Response:
+        """Details of one model (`model`, or `name` from older clients); `model_info` always present."""
+        try:
+            data = await read_json(request)
+            name = model_name(data, "model", "name")
+        except RequestError as exc:
+            return ollama_error(exc.status, exc.message)
+        model_id = resolve(name)
+        card = cards().get(model_id)
+        placed = [i for i in list(node.state.instances.values()) if i.shard_assignments.model_id == model_id]
+        if card is None and not placed:
+            return ollama_error(404, f"model '{name}' not found")
+        arch = (card.family if card else "") or "unknown"
+        info: dict[str, Any] = {"general.architecture": arch, "general.basename": model_id}
+        if card is not None:
+            info.update(
+                {
+                    f"{arch}.context_length": card.context_length,
+                    f"{arch}.embedding_length": card.embedding_dimensions or card.hidden_size,
+                    f"{arch}.block_count": card.n_layers,
+                    f"{arch}.attention.head_count_kv": card.num_key_value_heads,
+                }
+            )
+        return JSONResponse(
+            {
+                "modelfile": f"# Served by Skulk\nFROM {model_id}\n",
+                "parameters": "",
+                "template": "",
+                "details": details(card),
+                "model_info": info,
+                "capabilities": capabilities(card),
+                "modified_at": modified_at,
+                "license": "",
+            }
+        )
+
+    @route("GET", "/version")
+    async def get_version() -> dict[str, str]:
+        """The Ollama API version this adapter follows (`[plugins.api-ollama] version`)."""
+        return {"version": version}
+
+
+async def _embeddings(chunks: Any) -> Any:
+    """(vectors, prompt_tokens) from the chunk stream, or the ErrorChunk."""
+    vectors: list[list[float]] = []
+    prompt_tokens = 0
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            return chunk
+        vectors.extend(list(v) for v in getattr(chunk, "embeddings", ()))
+        if chunk.usage is not None:
+            prompt_tokens = chunk.usage.prompt_tokens
+    return vectors, prompt_tokens
+
+
+async def _ndjson(dispatch: Dispatch, encoder: wire.StreamEncoder) -> Any:
+    try:
+        async for text in encoder.lines(dispatch.handle().chunks()):
+            yield text
+    finally:
+        await dispatch.close()

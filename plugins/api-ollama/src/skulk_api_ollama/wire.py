@@ -1,0 +1,271 @@
+"""Kernel chunks -> Ollama `/api/chat` and `/api/generate` records (NDJSON lines or one JSON body).
+
+Wire rules (reference/api-wire-checklist.md 2.5 O1-O8):
+
+* NDJSON: exactly one JSON object per line, `\\n`-terminated, nothing else (no blank lines, no
+  keep-alive comments: the Python client parses every line);
+* `created_at` is an RFC 3339 string;
+* chat records always carry `message: {role, content}` (`content: ""` on thinking, tool-call and
+  final records); generate records always carry `response`;
+* tool calls are `{id, function: {index, name, arguments: {object}}}`;
+* non-final records have `done: false`; the final one has `done: true`, `done_reason` and the
+  counters and durations (nanosecond ints), generate's also `context` (always `[]`: the kernel does
+  not hand token ids to the API);
+* an error after the stream started is a `{"error": "text"}` line, then the stream ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from skulk_kernel.tasks import ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+
+log = logging.getLogger(__name__)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def error_status(chunk: ErrorChunk) -> int:
+    if chunk.code in ("context_length_exceeded", "invalid_request") or chunk.error_type == "invalid_request_error":
+        return 400
+    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
+        return 504
+    return 500
+
+
+def done_reason(reason: str | None) -> str:
+    """Ollama says `length` for a max-tokens stop and `stop` for everything else (tool calls too)."""
+    return "length" if reason == "length" else "stop"
+
+
+def tool_arguments(call: ToolCall) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.warning("tool call %s has arguments that are not a JSON object: %.200s", call.name, call.arguments)
+    return {"arguments": call.arguments}
+
+
+def tool_call_entry(call: ToolCall, index: int) -> dict[str, Any]:
+    return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": tool_arguments(call)}}
+
+
+@dataclass
+class Timing:
+    """Clock readings for the final record's durations (nanoseconds, perf counter)."""
+
+    start_ns: int = field(default_factory=time.perf_counter_ns)
+    first_ns: int = 0
+    end_ns: int = 0
+
+    def first(self) -> None:
+        self.first_ns = self.first_ns or time.perf_counter_ns()
+
+    def end(self) -> None:
+        self.end_ns = time.perf_counter_ns()
+
+
+def counters(timing: Timing, usage: Usage | None, stats: GenerationStats | None, tokens: int) -> dict[str, int]:
+    """The final record's counts and durations.
+
+    total: request received -> last chunk. prompt_eval: the engine's time to first token when it
+    reports one, else request -> first chunk. eval: the engine's generated tokens over its tokens/s
+    when reported, else first chunk -> last chunk. load: what is left of the time before the first
+    chunk (dispatch, queueing). Every duration is at least 1 ns (clients treat 0 as "missing").
+    """
+    end = timing.end_ns or time.perf_counter_ns()
+    first = timing.first_ns or end
+    total = end - timing.start_ns
+    waited = first - timing.start_ns
+    prompt_eval = int(stats.ttft_ms * 1e6) if stats and stats.ttft_ms > 0 else waited
+    if stats and stats.generation_tps > 0 and stats.generation_tokens > 0:
+        eval_ns = int(stats.generation_tokens / stats.generation_tps * 1e9)
+    else:
+        eval_ns = end - first
+    load = waited - prompt_eval
+    return {
+        "total_duration": max(total, 1),
+        "load_duration": max(load, 1),
+        "prompt_eval_count": usage.prompt_tokens if usage else 0,
+        "prompt_eval_duration": max(prompt_eval, 1),
+        "eval_count": usage.completion_tokens if usage else tokens,
+        "eval_duration": max(eval_ns, 1),
+    }
+
+
+@dataclass
+class Collected:
+    content: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tokens: int = 0
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    stats: GenerationStats | None = None
+    error: ErrorChunk | None = None
+
+
+async def collect(chunks: AsyncIterator[_Chunk], timing: Timing) -> Collected:
+    out = Collected()
+    async for chunk in chunks:
+        timing.first()
+        if isinstance(chunk, ErrorChunk):
+            out.error = chunk
+            break
+        if isinstance(chunk, TokenChunk) and chunk.text:
+            (out.thinking if chunk.reasoning else out.content).append(chunk.text)
+            out.tokens += 1
+        elif isinstance(chunk, ToolCallChunk):
+            out.tool_calls.extend(chunk.calls)
+            out.tokens += len(chunk.calls)
+        if chunk.finish_reason is not None:
+            if chunk.finish_reason == "error":
+                out.error = ErrorChunk(
+                    command_id=chunk.command_id,
+                    seq=chunk.seq,
+                    message="the generation failed",
+                    error_type="server_error",
+                )
+            out.finish_reason = chunk.finish_reason
+            out.usage = chunk.usage
+            out.stats = chunk.stats
+    timing.end()
+    return out
+
+
+def chat_body(c: Collected, *, model: str, timing: Timing) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(c.content)}
+    if c.thinking:
+        message["thinking"] = "".join(c.thinking)
+    if c.tool_calls:
+        message["tool_calls"] = [tool_call_entry(call, i) for i, call in enumerate(c.tool_calls)]
+    return {
+        "model": model,
+        "created_at": now_rfc3339(),
+        "message": message,
+        "done": True,
+        "done_reason": done_reason(c.finish_reason),
+        **counters(timing, c.usage, c.stats, c.tokens),
+    }
+
+
+def generate_body(c: Collected, *, model: str, timing: Timing) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "created_at": now_rfc3339(), "response": "".join(c.content)}
+    if c.thinking:
+        body["thinking"] = "".join(c.thinking)
+    return {
+        **body,
+        "done": True,
+        "done_reason": done_reason(c.finish_reason),
+        "context": [],
+        **counters(timing, c.usage, c.stats, c.tokens),
+    }
+
+
+def load_body(model: str, kind: str) -> dict[str, Any]:
+    """The answer to a chat with no messages / a generate with no prompt: Ollama's "load" reply."""
+    head: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
+    if kind == "chat":
+        head["message"] = {"role": "assistant", "content": ""}
+    else:
+        head["response"] = ""
+    return {**head, "done": True, "done_reason": "load"}
+
+
+class StreamEncoder:
+    """Chunks -> NDJSON lines for `/api/chat` (kind "chat") or `/api/generate` (kind "generate")."""
+
+    def __init__(self, *, model: str, kind: str, timing: Timing) -> None:
+        self.model = model
+        self.chat = kind == "chat"
+        self.timing = timing
+        self.tokens = 0
+        self.tool_index = 0
+
+    def _record(
+        self, content: str = "", thinking: str | None = None, tool_calls: list[dict[str, Any]] | None = None
+    ) -> str:
+        obj: dict[str, Any] = {"model": self.model, "created_at": now_rfc3339()}
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking is not None:
+                message["thinking"] = thinking
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            obj["message"] = message
+        else:
+            obj["response"] = content
+            if thinking is not None:
+                obj["thinking"] = thinking
+        obj["done"] = False
+        return line(obj)
+
+    def token(self, chunk: TokenChunk) -> str:
+        if not chunk.text:
+            return ""
+        self.tokens += 1
+        return self._record(thinking=chunk.text) if chunk.reasoning else self._record(chunk.text)
+
+    def tool_calls(self, chunk: ToolCallChunk) -> str:
+        if not chunk.calls or not self.chat:  # /api/generate sends no tools, so gets no calls
+            return ""
+        entries = []
+        for call in chunk.calls:
+            entries.append(tool_call_entry(call, self.tool_index))
+            self.tool_index += 1
+        self.tokens += len(chunk.calls)
+        return self._record(tool_calls=entries)
+
+    def final(self, chunk: _Chunk) -> str:
+        self.timing.end()
+        obj: dict[str, Any] = {"model": self.model, "created_at": now_rfc3339()}
+        if self.chat:
+            obj["message"] = {"role": "assistant", "content": ""}
+        else:
+            obj["response"] = ""
+        obj["done"] = True
+        obj["done_reason"] = done_reason(chunk.finish_reason)
+        if not self.chat:
+            obj["context"] = []
+        obj.update(counters(self.timing, chunk.usage, chunk.stats, self.tokens))
+        return line(obj)
+
+    async def lines(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+        async for chunk in chunks:
+            self.timing.first()
+            if isinstance(chunk, ErrorChunk):
+                yield line({"error": chunk.message})
+                return
+            if isinstance(chunk, TokenChunk):
+                text = self.token(chunk)
+                if text:
+                    yield text
+            elif isinstance(chunk, ToolCallChunk):
+                text = self.tool_calls(chunk)
+                if text:
+                    yield text
+            if chunk.finish_reason is not None:
+                if chunk.finish_reason == "error":
+                    yield line({"error": "the generation failed"})
+                    return
+                yield self.final(chunk)
+                return

@@ -1,0 +1,229 @@
+"""The kernel-facing side: two Engines over the kernel-independent backends.
+
+`llama_server` runs llama.cpp's native server inside the runner (several requests decode together
+on parallel slots); `llama_cpp` runs llama-cpp-python in process, one request at a time. Both map
+the kernel's TextGenerationParams onto the backend's chat() and its events onto kernel chunks.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import time
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+from skulk_kernel.contracts import EngineProbe, RunnerSpec
+from skulk_kernel.tasks import (
+    EmbeddingChunk,
+    EmbeddingParams,
+    ErrorChunk,
+    GenerationStats,
+    TextGenerationParams,
+    TokenChunk,
+    TokenLogprob,
+    ToolCall,
+    ToolCallChunk,
+    TopLogprob,
+    Usage,
+    _Chunk,
+)
+
+from .events import BackendError, ContextLengthExceeded, Finish, TextDelta, ToolCallDelta
+
+MINILM_MAX_TOKENS = 256
+
+
+@cache
+def _version(dist: str, module: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def probe_builds() -> dict[str, str]:
+    builds = {}
+    if v := _version("xllamacpp", "xllamacpp"):
+        builds["llama_server"] = f"xllamacpp {v}"
+    if v := _version("llama-cpp-python", "llama_cpp"):
+        builds["llama_cpp"] = f"llama-cpp-python {v}"
+    return builds
+
+
+def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
+    out = []
+    for m in params.messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in m.tool_calls]
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name and m.role == "tool":
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def to_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
+    if not params.tools or params.tool_choice == "none":
+        return None
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
+            for t in params.tools]
+
+
+def to_sampling(params: TextGenerationParams) -> dict[str, Any]:
+    s = params.sampling
+    return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p, "seed": s.seed,
+            "repeat_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "max_tokens": s.max_tokens,
+            "stop": list(s.stop) or None}
+
+
+def _logprobs(items: Any) -> tuple[TokenLogprob, ...]:
+    if not items:
+        return ()
+    return tuple(TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=tuple(lp.bytes or lp.token.encode()),
+                              top_logprobs=tuple(TopLogprob(token=t.token, logprob=t.logprob,
+                                                            bytes=tuple(t.bytes or t.token.encode()))
+                                                 for t in lp.top))
+                 for lp in items)
+
+
+class LlamaSession:
+    """One loaded GGUF inside a runner, behind either backend."""
+
+    def __init__(self, backend: Any, spec: RunnerSpec, tag: str) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.tag = tag
+
+    def count_tokens(self, params: TextGenerationParams) -> int:
+        if params.raw_prompt is not None:
+            return len(self.backend.tokenize(params.raw_prompt, add_special=True))
+        return int(self.backend.count_tokens(to_messages(params), to_tools(params)))
+
+    def generate(self, command_id: str, params: TextGenerationParams,
+                 cancelled: Callable[[], bool]) -> Iterator[_Chunk]:
+        started = time.perf_counter()
+        first_at: float | None = None
+        seq = 0
+        try:
+            events = self.backend.chat(to_messages(params), tools=to_tools(params), sampling=to_sampling(params),
+                                       logprobs=params.logprobs, top_logprobs=params.top_logprobs,
+                                       cancel=cancelled)
+            calls: list[ToolCall] = []
+            for event in events:
+                if isinstance(event, TextDelta):
+                    if not event.text and not event.logprobs:
+                        continue
+                    first_at = first_at or time.perf_counter()
+                    yield TokenChunk(command_id=command_id, seq=seq, text=event.text,
+                                     logprobs=_logprobs(event.logprobs) if params.logprobs else ())
+                    seq += 1
+                elif isinstance(event, ToolCallDelta):
+                    first_at = first_at or time.perf_counter()
+                    calls.append(ToolCall(id=event.id, name=event.name, arguments=event.arguments_json))
+                elif isinstance(event, Finish):
+                    yield self._final(command_id, seq, event, calls, started, first_at)
+                    return
+        except ContextLengthExceeded as exc:
+            yield ErrorChunk(command_id=command_id, seq=seq, message=f"context_length_exceeded: {exc}",
+                             error_type="invalid_request_error", code="context_length_exceeded")
+            return
+        except BackendError as exc:
+            yield ErrorChunk(command_id=command_id, seq=seq, message=f"llama.cpp: {exc}", code="engine_error")
+            return
+        # The backend ends without a Finish only when cancelled.
+        yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
+
+    def _final(self, command_id: str, seq: int, fin: Finish, calls: list[ToolCall], started: float,
+               first_at: float | None) -> _Chunk:
+        now = time.perf_counter()
+        ttft = ((first_at or now) - started) * 1000
+        decode_s = max(now - (first_at or now), 1e-9)
+        timings = fin.timings or {}
+        stats = GenerationStats(
+            prompt_tokens=fin.prompt_tokens, generation_tokens=fin.completion_tokens,
+            prompt_tps=float(timings.get("prompt_per_second") or 0.0),
+            generation_tps=float(timings.get("predicted_per_second") or
+                                 max(fin.completion_tokens - 1, 0) / decode_s),
+            ttft_ms=round(ttft, 2), backend=self.tag)
+        usage = Usage(prompt_tokens=fin.prompt_tokens, completion_tokens=fin.completion_tokens)
+        if calls:
+            return ToolCallChunk(command_id=command_id, seq=seq, calls=tuple(calls), finish_reason="tool_calls",
+                                 usage=usage, stats=stats)
+        return TokenChunk(command_id=command_id, seq=seq, text="", finish_reason=fin.reason, usage=usage, stats=stats)
+
+    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk:
+        vectors = self.backend.embed(list(params.inputs), max_tokens=MINILM_MAX_TOKENS)
+        tokens = sum(len(self.backend.tokenize(t, add_special=True)) for t in params.inputs)
+        return EmbeddingChunk(command_id=command_id, seq=0, embeddings=tuple(tuple(v) for v in vectors),
+                              finish_reason="stop", usage=Usage(prompt_tokens=tokens))
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class _LlamaEngine:
+    name = ""
+    module = ""
+    dist = ""
+    tasks = frozenset({"TextGeneration", "TextEmbedding"})
+
+    def probe(self) -> EngineProbe:
+        version = _version(self.dist, self.module)
+        if version is None:
+            return EngineProbe(available=False, reason=f"{self.dist} is not installed")
+        return EngineProbe(available=True, version=version)
+
+    def backend_tags(self, facts: dict[str, Any]) -> list[str]:
+        return [f"{self.name}-cpu"] if self.probe().available else []
+
+
+class LlamaServerEngine(_LlamaEngine):
+    name = "llama_server"
+    module = "xllamacpp"
+    dist = "xllamacpp"
+    dispatch_width = 4
+
+    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
+        from .server_backend import LlamaServer
+
+        if spec.model_path is None:
+            raise BackendError(f"{spec.card.model_id} has no model file on this node")
+        embedding = "TextEmbedding" in spec.card.tasks
+        opts = spec.options
+        server = LlamaServer(spec.model_path, embedding=embedding, n_parallel=int(opts.get("n_parallel", 4)),
+                             n_threads=int(opts.get("n_threads", 1)), n_ctx=opts.get("n_ctx"),
+                             cache_ram_mib=int(opts.get("cache_ram_mib", 256)))
+        progress(0, spec.card.n_layers)
+        server.start()
+        progress(spec.card.n_layers, spec.card.n_layers)
+        return LlamaSession(server, spec, "llama_server-cpu")
+
+
+class LlamaCppEngine(_LlamaEngine):
+    name = "llama_cpp"
+    module = "llama_cpp"
+    dist = "llama-cpp-python"
+    tasks = frozenset({"TextGeneration"})
+    dispatch_width = 1
+
+    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
+        from .inprocess_backend import LlamaInProcess
+
+        if spec.model_path is None:
+            raise BackendError(f"{spec.card.model_id} has no model file on this node")
+        opts = spec.options
+        backend = LlamaInProcess(spec.model_path, n_threads=int(opts.get("n_threads", 1)), n_ctx=opts.get("n_ctx"),
+                                 logprobs_capable=bool(opts.get("logprobs_inprocess", False)))
+        progress(0, spec.card.n_layers)
+        backend.start()
+        progress(spec.card.n_layers, spec.card.n_layers)
+        return LlamaSession(backend, spec, "llama_cpp-cpu")

@@ -1,0 +1,42 @@
+"""Entry point of the llama.cpp engine plugin. Imports no llama.cpp binding at module level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from skulk_kernel import hookimpl
+
+PLUGIN = "engine-llamacpp"
+
+
+class LlamaCppConfig(BaseModel):
+    """`[plugins.engine-llamacpp]` in a profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_threads: int = Field(default=1, ge=1, description="decode threads per runner (1 is best on 2 busy cores)")
+    n_parallel: int = Field(default=4, ge=1, description="llama_server slots: requests decoded together")
+    n_ctx: int | None = Field(default=None, ge=64, description="context tokens (default: the model's)")
+    cache_ram_mib: int = Field(default=256, ge=0, description="llama_server RAM prompt cache")
+    logprobs_inprocess: bool = Field(default=False, description="llama_cpp: allocate logits for logprobs")
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, LlamaCppConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Any], None]) -> None:
+    from .engine import LlamaCppEngine, LlamaServerEngine
+
+    register(LlamaServerEngine())
+    register(LlamaCppEngine())
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    from .engine import probe_builds
+
+    facts.setdefault("engine_builds", {}).update(probe_builds())

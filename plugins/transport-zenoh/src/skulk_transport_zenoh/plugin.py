@@ -1,0 +1,27 @@
+"""Entry point of the transport-zenoh plugin. Imports no Zenoh: the transport imports it on start."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from skulk_kernel import hookimpl
+
+from .config import ZenohConfig
+
+PLUGIN = "transport-zenoh"
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, ZenohConfig)
+
+
+@hookimpl
+def register_transports(register: Callable[[Any], None], node: Any) -> None:
+    """One ZenohTransport ("zenoh") per node object; the profile's [planes] picks the planes."""
+    from .transport import ZenohTransport
+
+    config = node.plugin_config(PLUGIN) if node is not None else None
+    register(ZenohTransport(config or ZenohConfig(), node=node))
