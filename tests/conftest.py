@@ -1,0 +1,50 @@
+"""Cross-plugin tests: real node processes, real engines, real models.
+
+Models are provisioned once per machine into $SKULK_TEST_MODELS_DIR (default
+<tmp>/skulk-test-models), shared with the engine plugin's own tests, so only the first run pays
+the ~180 MB download from the package index.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from skulk_testing.nodes import NodeProcess, start_node
+
+MODELS_DIR = Path(os.environ.get("SKULK_TEST_MODELS_DIR") or Path(tempfile.gettempdir()) / "skulk-test-models")
+CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    return MODELS_DIR
+
+
+@pytest.fixture(scope="module")
+def llama_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One cpu-llamacpp node (the README's default profile) serving the two default models."""
+    pytest.importorskip("xllamacpp")
+    node = start_node("cpu-llamacpp", home=tmp_path_factory.mktemp("llama-node"),
+                      env={"SKULK_MODELS_DIR": str(models_dir)})
+    try:
+        node.wait_api(timeout=60)
+        node.wait_ready(CHAT_MODEL, timeout=300)
+        node.wait_ready(EMBED_MODEL, timeout=300)
+        yield node
+    finally:
+        node.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "llama_node" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+__all__ = ["NodeProcess"]
