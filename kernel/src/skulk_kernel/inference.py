@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .commands import TaskCancelled, TaskFinished, TextEmbedding, TextGeneration
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
+log = logging.getLogger("skulk.inference")
 
 
 class InferenceError(Exception):
@@ -89,15 +91,28 @@ class InferenceHandle:
     command_id: CommandId
     iterator: AsyncIterator[_Chunk]
     first: _Chunk
+    command: Any = None
+    observers: list[Any] = field(default_factory=list)
     finished: bool = False
     closed: bool = False
 
     async def chunks(self) -> AsyncIterator[_Chunk]:
-        """Every chunk, the already-awaited first one included; ends after the terminal one."""
+        """Every chunk, the already-awaited first one included; ends after the terminal one.
+
+        Middleware observers see each chunk; a raising observer is logged and dropped for this
+        request, never allowed to break the stream.
+        """
         chunk = self.first
         while True:
             if is_terminal(chunk):
                 self.finished = True
+            for middleware in list(self.observers):
+                try:
+                    middleware.observe(self.command, chunk)
+                except Exception:
+                    log.exception("inference middleware %r raised in observe(); dropped for this request",
+                                  middleware)
+                    self.observers.remove(middleware)
             yield chunk
             if self.finished:
                 return
@@ -139,7 +154,8 @@ async def _start(node: Node, command: TextGeneration | TextEmbedding) -> Inferen
         node.streams.close(command.command_id)
         await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise
-    handle = InferenceHandle(node, command.command_id, iterator, first)
+    handle = InferenceHandle(node, command.command_id, iterator, first, command=command,
+                             observers=list(node.middleware))
     if isinstance(first, ErrorChunk) and first.code in _EARLY_ERRORS:
         handle.finished = True
         await handle.close()
@@ -161,10 +177,7 @@ async def generate(node: Node, params: TextGenerationParams,
         params = params.model_copy(update={"model_id": model_id})
     command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
                              params=params)
-    for middleware in node.middleware:
-        with contextlib.suppress(Exception):
-            command = middleware.transform(command)
-    return await _start(node, command)
+    return await _start(node, _transform(node, command))
 
 
 async def embed(node: Node, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
@@ -173,4 +186,14 @@ async def embed(node: Node, params: EmbeddingParams, command_id: str | None = No
         params = params.model_copy(update={"model_id": model_id})
     command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
                             params=params)
-    return await _start(node, command)
+    return await _start(node, _transform(node, command))
+
+
+def _transform(node: Node, command: Any) -> Any:
+    """Each middleware's transform in order; a raising one is logged and skipped."""
+    for middleware in node.middleware:
+        try:
+            command = middleware.transform(command)
+        except Exception:
+            log.exception("inference middleware %r raised in transform(); skipped", middleware)
+    return command

@@ -90,7 +90,13 @@ def collect(pm: pluggy.PluginManager, hook_name: str, kind: str, node: Node | No
     caller = getattr(pm.hook, hook_name)
     for impl in reversed(caller.get_hookimpls()):
         kwargs = {"register": lambda obj, _p=impl.plugin_name: registry.add(obj, _p), "node": node}
-        impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+        try:
+            impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+        except NodeError:
+            raise  # a composition error (duplicate name) must stop the node with its message
+        except Exception:
+            log.exception("plugin %r raised in %s; its %ss are skipped (the node keeps running)",
+                          impl.plugin_name, hook_name, kind)
     return registry
 
 

@@ -330,3 +330,45 @@ def test_error_types_by_status() -> None:
     assert messages.error_type_for(500) == "api_error"
     assert messages.error_type_for(504) == "timeout_error"
     assert messages.PING == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+# --- the /v1/models dispatch middleware ----------------------------------------------------------
+
+
+def test_models_dispatch_only_moves_anthropic_clients() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from skulk_api_anthropic.routes import AnthropicModelsDispatch
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def openai_models() -> dict[str, str]:
+        return {"owner": "openai"}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def openai_model(model_id: str) -> dict[str, str]:
+        return {"owner": "openai", "id": model_id}
+
+    @app.get("/anthropic/v1/models")
+    async def anthropic_models() -> dict[str, str]:
+        return {"owner": "anthropic"}
+
+    @app.get("/anthropic/v1/models/{model_id:path}")
+    async def anthropic_model(model_id: str) -> dict[str, str]:
+        return {"owner": "anthropic", "id": model_id}
+
+    @app.post("/v1/models")
+    async def post_models() -> dict[str, str]:
+        return {"owner": "post"}
+
+    app.add_middleware(AnthropicModelsDispatch)
+    with TestClient(app) as c:
+        assert c.get("/v1/models").json() == {"owner": "openai"}
+        assert c.get("/v1/models", headers={"authorization": "Bearer x"}).json() == {"owner": "openai"}
+        assert c.get("/v1/models", headers={"anthropic-version": "2023-06-01"}).json() == {"owner": "anthropic"}
+        assert c.get("/v1/models?limit=5", headers={"x-api-key": "k"}).json() == {"owner": "anthropic"}
+        assert c.get("/v1/models/a/b", headers={"x-api-key": "k"}).json() == {"owner": "anthropic", "id": "a/b"}
+        assert c.get("/v1/models/a/b").json() == {"owner": "openai", "id": "a/b"}
+        assert c.post("/v1/models", headers={"x-api-key": "k"}).json() == {"owner": "post"}
+        assert c.get("/v1/modelsx", headers={"x-api-key": "k"}).status_code == 404

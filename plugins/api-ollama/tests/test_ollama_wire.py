@@ -276,3 +276,32 @@ def test_non_stream_bodies() -> None:
 def test_bad_tool_arguments_are_still_an_object() -> None:
     assert wire.tool_arguments(ToolCall(id="c", name="f", arguments="nope")) == {"arguments": "nope"}
     assert wire.tool_arguments(ToolCall(id="c", name="f", arguments="")) == {}
+
+
+# --- the `/` liveness middleware -----------------------------------------------------------------
+
+
+def test_root_liveness_leaves_a_dashboard_its_browsers() -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+    from fastapi.testclient import TestClient
+    from skulk_api_ollama.routes import RUNNING, OllamaRoot
+
+    bare = FastAPI()
+    bare.add_middleware(OllamaRoot)
+    with TestClient(bare) as c:
+        assert c.get("/", headers={"accept": "text/html"}).text == RUNNING  # no dashboard: still alive
+        assert c.head("/").status_code == 200
+        assert c.get("/ollama").text == RUNNING
+
+    app = FastAPI()
+
+    @app.get("/")
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse("<html>dashboard</html>")
+
+    app.add_middleware(OllamaRoot)
+    with TestClient(app) as c:
+        assert "dashboard" in c.get("/", headers={"accept": "text/html,application/xhtml+xml"}).text
+        assert c.get("/", headers={"accept": "*/*"}).text == RUNNING
+        assert c.get("/ollama/", headers={"accept": "text/html"}).text == RUNNING

@@ -91,7 +91,7 @@ class OllamaRoot:
 def _root_route_exists(scope: Scope) -> bool:
     app = scope.get("app")
     routes = getattr(getattr(app, "router", None), "routes", ())
-    return any(getattr(r, "path", None) == "/" for r in routes)
+    return any(getattr(r, "path", None) in ("/", "") for r in routes)  # a route at / or a mount at /
 
 
 def display_name(model_id: str) -> str:
