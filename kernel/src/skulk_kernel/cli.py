@@ -141,12 +141,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BUILTIN_COMMANDS = {"run", "plugins", "profile"}
+
+
+def _add_plugin_commands(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Plugins' own subcommands (register_cli_commands), only when a non-builtin command is asked.
+
+    Loading plugins imports them, so `plugins` and `profile` never do it: they must work on any
+    OS without the plugins' libraries.
+    """
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    if wanted is None or wanted in BUILTIN_COMMANDS:
+        return
+    from .plugins import build_plugin_manager
+
+    try:
+        pm = build_plugin_manager(load_profile(DEFAULT_PROFILE))
+    except (ProfileError, PluginLoadError) as exc:
+        print(f"warning: plugin commands unavailable: {exc}", file=sys.stderr)
+        return
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    pm.hook.register_cli_commands(cli=sub)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _add_plugin_commands(parser, argv)
     args = parser.parse_args(argv)
     _setup_logging(getattr(args, "verbose", 0) - getattr(args, "quiet", 0))
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `skulk-kernel plugins | head`
+        return 0
     except (ProfileError, PluginLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ to (its connect endpoints and the peers it scouted but is not connected to) whic
 A hello of another version, sent or answered, is a mismatch: the transport logs it loudly and lists
 it in `mismatched_peers`. Same-version hellos carry no news and are ignored.
 
-Datagrams: ``SKULK-HELLO1 {"v": version, "node": node_id, "ask": bool}``; only an ask is answered,
+Datagrams: ``SKULK-HELLO1 {"v": version, "node": node_id, "ask": bool, "at": [listen locators]}``;
+only an ask is answered,
 never an answer (no loops), and nothing larger than 512 bytes is read.
 """
 
@@ -31,21 +32,25 @@ SCOUTED_TTL_S = 30.0
 Address = tuple[str, int]
 
 
-def encode_hello(version: str, node_id: str, ask: bool) -> bytes:
-    return PREFIX + json.dumps({"v": version, "node": node_id, "ask": ask}, separators=(",", ":")).encode()
+def encode_hello(version: str, node_id: str, ask: bool, locators: list[str] | tuple[str, ...] = ()) -> bytes:
+    at = [loc for loc in locators if len(loc) <= 64][:4]
+    body = {"v": version, "node": node_id, "ask": ask, "at": at}
+    return PREFIX + json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode_hello(data: bytes) -> tuple[str, str, bool] | None:
+def decode_hello(data: bytes) -> tuple[str, str, bool, list[str]] | None:
+    """(version, node_id, ask, listen locators) of a hello; None for anything else."""
     if not data.startswith(PREFIX) or len(data) > MAX_DATAGRAM:
         return None
     try:
         body = json.loads(data[len(PREFIX):])
-        version, node, ask = body["v"], body["node"], body.get("ask", False)
-    except (ValueError, KeyError, TypeError):
+        version, node, ask, at = body["v"], body["node"], body.get("ask", False), body.get("at", [])
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not (isinstance(version, str) and isinstance(node, str) and isinstance(ask, bool)):
+    if not (isinstance(version, str) and isinstance(node, str) and isinstance(ask, bool)
+            and isinstance(at, list) and all(isinstance(a, str) for a in at)):
         return None
-    return version[:64], node[:128], ask
+    return version[:64], node[:128], ask, at[:4]
 
 
 def tcp_address(locator: str) -> Address | None:
@@ -67,8 +72,9 @@ class HelloService:
 
     def __init__(self, node_id: str, version: str, interval_s: float,
                  on_mismatch: Callable[[str, str, str], None],
-                 connected_zids: Callable[[], set[str]]) -> None:
+                 connected_zids: Callable[[], set[str]], locators: list[str] | None = None) -> None:
         self.node_id = node_id
+        self.locators = list(locators or [])
         self.version = version
         self.interval_s = interval_s
         self._on_mismatch = on_mismatch
@@ -147,8 +153,8 @@ class HelloService:
             return list(dict.fromkeys([*self._static, *scouted]))
 
     def _run(self) -> None:
-        ask = encode_hello(self.version, self.node_id, ask=True)
-        answer = encode_hello(self.version, self.node_id, ask=False)
+        ask = encode_hello(self.version, self.node_id, True, self.locators)
+        answer = encode_hello(self.version, self.node_id, False, self.locators)
         next_probe = time.monotonic() + 0.2  # let scouting report first
         probes = 0
         while not self._stop.is_set():
@@ -176,11 +182,12 @@ class HelloService:
                 hello = decode_hello(data)
                 if hello is None:
                     continue
-                version, node, wants_answer = hello
+                version, node, wants_answer, at = hello
                 if node == self.node_id:
                     continue
                 if version != self.version:
-                    self._on_mismatch(node, version, f"{address[0]}:{address[1]}")
+                    where = ", ".join(at) if at else f"udp/{address[0]}:{address[1]}"
+                    self._on_mismatch(node, version, where)
                 if wants_answer:
                     with contextlib.suppress(OSError):
                         sock.sendto(answer, address)

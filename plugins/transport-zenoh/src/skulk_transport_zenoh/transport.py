@@ -82,7 +82,7 @@ class MismatchedPeer:
 
     node_id: str
     network_version: str
-    address: str  # host:port of its hello, or the key its liveliness token was seen on
+    address: str  # its listen locators (from its hello), or the key its liveliness token was seen on
     via: str  # "hello" or "liveliness"
     last_seen: float  # time.time()
 
@@ -357,7 +357,7 @@ class ZenohTransport:
         import zenoh
 
         hello = HelloService(self.node_id, self.network_version, self.config.hello_interval_s,
-                             self._note_hello_mismatch, self._connected_zids)
+                             self._note_hello_mismatch, self._connected_zids, self.listen_locators)
         ports = [a[1] for a in map(tcp_address, self.listen_locators) if a is not None and a[1]]
         hello.bind(ports)
         hello.add_static(a for a in map(tcp_address, self.connect_endpoints) if a is not None)

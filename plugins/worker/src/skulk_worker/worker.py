@@ -124,8 +124,14 @@ class Worker:
         await self.node.emit(ev.DownloadPending(node_id=node_id, model_id=model_id))
         loop = asyncio.get_running_loop()
 
+        last_phase: list[str] = []
+
         def progress(done: int, total: int, phase: str = "") -> None:
             from skulk_kernel.telemetry import DownloadProgress
+
+            if phase and phase not in last_phase:
+                last_phase.append(phase)
+                log.info("%s: %s", model_id, phase)
 
             reading = DownloadProgress(node_id=node_id, model_id=model_id, downloaded_bytes=done,
                                        total_bytes=total, phase=phase)
