@@ -28,7 +28,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from . import codec
 from .apply import apply
 from .commands import Command, ForwardedCommand
-from .events import Event, IndexedEvent, LocalEvent
+from .contracts import PeerEvent
+from .events import Connection, Event, IndexedEvent, LocalEvent, TopologyEdgeCreated, TopologyEdgeDeleted
 from .hooks import GuardedHooks
 from .ids import NodeId, new_id
 from .plugins import build_plugin_manager, kernel_version
@@ -354,6 +355,33 @@ class Node:
         if sender != self.node_id:
             self.readings.put_encoded(sender, payload)
 
+    # ---------------------------------------------------------------- membership
+
+    async def _on_peer(self, peer: PeerEvent) -> None:
+        """A transport saw a peer come or go: report the edge, and fail streams that ran there.
+
+        The master prunes a silent node only after the liveness timeout; a request whose runner
+        was on a node the transport has already seen die must not wait that long.
+        """
+        if peer.node_id == self.node_id:
+            return
+        edge = Connection(source=self.node_id, sink=peer.node_id, kind=self.transports["control"].name)
+        if peer.joined:
+            log.info("peer %s joined", peer.node_id)
+            if edge not in self.state.topology.connections:
+                await self.emit(TopologyEdgeCreated(edge=edge))
+            return
+        log.warning("peer %s left", peer.node_id)
+        for task in self.state.tasks.values():
+            if task.owner_node_id != self.node_id or task.command_id not in self.streams.open_ids():
+                continue
+            inst = self.state.instances.get(task.instance_id)
+            if inst is not None and peer.node_id in inst.shard_assignments.node_to_runner:
+                self.streams.fail(task.command_id, f"node {peer.node_id} running this request left the cluster",
+                                  code="node_gone")
+        if edge in self.state.topology.connections:
+            await self.emit(TopologyEdgeDeleted(edge=edge))
+
     # ---------------------------------------------------------------- lifecycle
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
@@ -383,6 +411,9 @@ class Node:
         self.subscribe(Topic.GLOBAL_EVENTS, self._on_global_event)
         self.subscribe(Topic.READINGS, self._on_reading)
         self.subscribe(Topic.CHUNKS, self._on_chunk)
+        loop = self._loop
+        self.transports["control"].on_peer(
+            lambda peer: loop.call_soon_threadsafe(lambda: self.spawn(self._on_peer(peer), "peer-event")))
         self.middleware = self.hooks.call("wrap_inference", node=self)
         await self.hooks.acall("startup", node=self, reverse=True)  # in load order
         if self.elections:

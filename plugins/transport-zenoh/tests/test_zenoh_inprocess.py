@@ -330,12 +330,19 @@ async def test_malformed_frames_are_dropped(make_transport: Any, version: str) -
 # ------------------------------------------------------------------ version gating in one process
 
 
-async def test_other_version_cannot_connect_and_is_reported(make_transport: Any) -> None:
-    first = await make_transport("node-0")
-    other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators)
+@pytest.mark.parametrize("discovery", ["endpoints", "multicast"])
+async def test_other_version_cannot_connect_and_is_reported(make_transport: Any, discovery: str) -> None:
+    if discovery == "multicast":
+        group = multicast_group()
+        first = await make_transport("node-0", multicast=group)
+        other = await make_transport("node-x", version=unique_version(), multicast=group)
+    else:
+        first = await make_transport("node-0")
+        other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators)
     await wait_until(lambda: "node-x" in first.mismatched_peers and "node-0" in other.mismatched_peers, 10,
                      "both sides to report the mismatch")
     assert first.mismatched_peers["node-x"].network_version == other.network_version
+    assert first.mismatched_peers["node-x"].address == ", ".join(other.listen_locators)
     assert first.peers == frozenset() and other.peers == frozenset()
     assert first._connected_zids() == set()  # refused at the session level
 

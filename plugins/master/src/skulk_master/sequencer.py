@@ -354,14 +354,31 @@ class Master:
             await self._place_defaults()
 
     async def _prune(self, node_id: str, age: float | None) -> None:
+        """A node went silent past the timeout: fail its work, drop it, re-place what it ran."""
         events: list[Any] = []
-        for inst in list(self.state.instances.values()):
-            if node_id in inst.shard_assignments.node_to_runner:
-                events += self._teardown(inst.instance_id, f"node {node_id} timed out", failed=True)
-        events.append(ev.NodeTimedOut(node_id=NodeId(node_id), heartbeat_age_s=age, timeout_s=self.config.node_timeout_s))
+        lost = [inst for inst in self.state.instances.values() if node_id in inst.shard_assignments.node_to_runner]
+        for inst in lost:
+            events += self._teardown(inst.instance_id, f"node {node_id} timed out", failed=True)
+        last_event = self.state.last_seen.get(node_id)
+        events.append(ev.NodeTimedOut(
+            node_id=NodeId(node_id), heartbeat_age_s=age, timeout_s=self.config.node_timeout_s,
+            last_event_age_s=(datetime.now(timezone.utc) - last_event).total_seconds() if last_event else None))
+        log.warning("pruning node %s (silent for %s s); %d instance(s) lost", node_id,
+                    "?" if age is None else f"{age:.1f}", len(lost))
         await self._fail_streams(events)
         await self.index(events, self.node.node_id)
         self.node.readings.forget(node_id)
+        for inst in lost:
+            retry = cmd.PlaceInstance(command_id=CommandId(new_id()), model_id=inst.shard_assignments.model_id,
+                                      min_nodes=len(inst.shard_assignments.node_to_runner),
+                                      excluded_nodes=(*inst.excluded_nodes, NodeId(node_id)))
+            try:
+                instance = plan_placement(self.node, retry, self.state)
+            except PlacementError as exc:
+                log.error("cannot re-place %s after losing %s: %s", retry.model_id, node_id, exc.message)
+                continue
+            log.info("re-placing %s as %s", retry.model_id, instance.instance_id)
+            await self.index([ev.InstanceCreated(instance=instance)], self.node.node_id)
 
     async def _place_defaults(self) -> None:
         if self.node.options.extra.get("no_default_models") or not self.config.default_models:

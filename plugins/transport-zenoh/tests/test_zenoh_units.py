@@ -1,0 +1,88 @@
+"""Pure pieces: frames, keys, hellos, endpoints, config and the network version."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from skulk_transport_zenoh import frames
+from skulk_transport_zenoh.config import NETWORK_VERSION, ZenohConfig, effective_network_version
+from skulk_transport_zenoh.frames import Keys, MalformedFrame
+from skulk_transport_zenoh.hello import decode_hello, encode_hello, tcp_address
+from skulk_transport_zenoh.transport import ZenohTransport, normalize_endpoint, version_password
+
+
+def test_frames_round_trip() -> None:
+    sender = frames.sender_header("node-1")
+    for payload in (b"", b"x", bytes(range(256)) * 300):
+        assert frames.decode(frames.encode(sender, payload)) == ("node-1", payload)
+
+
+@pytest.mark.parametrize("frame", [b"", b"SKZ", b"XXXX\x01a", frames.MAGIC, frames.MAGIC + b"\x00rest",
+                                   frames.MAGIC + b"\x09short", frames.MAGIC + b"\x01\xff"])
+def test_malformed_frames_raise(frame: bytes) -> None:
+    with pytest.raises(MalformedFrame):
+        frames.decode(frame)
+
+
+def test_keys() -> None:
+    keys = Keys("7")
+    assert keys.broadcast("control", "commands") == "skulk/7/control/commands"
+    assert keys.addressed("data", "chunks", "n1") == "skulk/7/data/chunks/n1"
+    assert keys.rpc("state_sync", "n1") == "skulk/7/rpc/state_sync/n1"
+    assert Keys.parse_alive(keys.alive("n1")) == ("7", "n1")
+    assert Keys.parse_alive("skulk/7/control/commands") is None
+
+
+@pytest.mark.parametrize("bad", ["a/b", "a*", "", "x y", "q?", "$x", "#"])
+def test_node_ids_must_be_one_key_chunk(bad: str) -> None:
+    with pytest.raises(ValueError):
+        frames.check_chunk(bad, "node id")
+
+
+def test_hello_round_trip_and_garbage() -> None:
+    data = encode_hello("3", "node-1", True, ["tcp/127.0.0.1:7447"])
+    assert decode_hello(data) == ("3", "node-1", True, ["tcp/127.0.0.1:7447"])
+    assert decode_hello(b"junk") is None
+    assert decode_hello(b"SKULK-HELLO1 {not json") is None
+    assert decode_hello(b"SKULK-HELLO1 " + b'{"v": 1, "node": "n"}') is None
+    assert decode_hello(b"SKULK-HELLO1 " + b"x" * 600) is None
+
+
+def test_tcp_address() -> None:
+    assert tcp_address("tcp/127.0.0.1:7447") == ("127.0.0.1", 7447)
+    assert tcp_address("tcp/0.0.0.0:7447") == ("127.0.0.1", 7447)
+    assert tcp_address("tcp/host.lan:1#iface=eth0") == ("host.lan", 1)
+    assert tcp_address("tcp/[::1]:7447") is None
+    assert tcp_address("quic/1.2.3.4") is None
+
+
+def test_bootstrap_peers_are_normalized() -> None:
+    assert normalize_endpoint("127.0.0.1:7447") == "tcp/127.0.0.1:7447"
+    assert normalize_endpoint(" tcp/10.0.0.2:7447 ") == "tcp/10.0.0.2:7447"
+    assert normalize_endpoint("udp/10.0.0.2:7447") == "udp/10.0.0.2:7447"
+
+
+def test_network_version_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SKULK_NETWORK_VERSION", raising=False)
+    assert effective_network_version(ZenohConfig()) == NETWORK_VERSION
+    monkeypatch.setenv("SKULK_NETWORK_VERSION", "from-env")
+    assert effective_network_version(ZenohConfig()) == "from-env"
+    assert ZenohTransport().network_version == "from-env"
+    assert effective_network_version(ZenohConfig(network_version="cfg")) == "cfg"
+    monkeypatch.setenv("SKULK_NETWORK_VERSION", "bad/version")
+    with pytest.raises(ValueError):
+        effective_network_version(ZenohConfig())
+
+
+def test_config_validation() -> None:
+    assert ZenohConfig().lease_s == 3.0 and ZenohConfig().multicast_scouting and ZenohConfig().gossip_scouting
+    with pytest.raises(ValidationError):
+        ZenohConfig(network_version="a/b")
+    with pytest.raises(ValidationError):
+        ZenohConfig(unknown_field=1)  # type: ignore[call-arg]
+
+
+def test_passwords_differ_per_version() -> None:
+    assert version_password("1") != version_password("2")
+    assert version_password("1") == version_password("1")
