@@ -181,3 +181,69 @@ async def test_measure_latency_and_throughput(make_transport: Any, spawn: Any) -
           f"p99 {rtts[int(len(rtts) * 0.99)] * 1e3:.3f} ms; request/reply median "
           f"{statistics.median(request_rtts) * 1e3:.3f} ms; throughput {count / took:,.0f} msg/s "
           f"({count * 1024 / took / 1e6:.1f} MB/s) for {count} x 1 KB, blocking, all delivered")
+
+
+async def test_stop_is_prompt_while_a_peer_is_frozen(make_transport: Any, spawn: Any) -> None:
+    hub = await make_transport("hub", lease_s=LEASE_S, send_queue=2048)
+    peer = await spawn("frozen", connect=hub.listen_locators, lease_s=LEASE_S).ready()
+    await joined(hub, "frozen")
+    peer.signal(signal.SIGSTOP)
+
+    async def flood() -> None:
+        while True:
+            await hub.publish(Topic.COMMANDS, b"y" * 4096)
+
+    flooding = asyncio.ensure_future(flood())
+    try:
+        await asyncio.sleep(1.0)  # the send queue is full and a put is blocked on the frozen peer
+        started = time.monotonic()
+        await asyncio.wait_for(hub.stop(), 10)
+        took = time.monotonic() - started
+        print(f"stop() with a frozen peer and a full send queue took {took * 1000:.0f} ms")
+        assert took < 6
+        await asyncio.sleep(0.1)
+        assert not flooding.done() or flooding.exception() is None
+    finally:
+        flooding.cancel()
+
+
+EXIT_SCRIPT = """
+import asyncio, sys
+from skulk_kernel.topics import Topic
+from skulk_transport_zenoh.config import ZenohConfig
+from skulk_transport_zenoh.transport import ZenohTransport
+
+async def main():
+    t = ZenohTransport(ZenohConfig(listen=["tcp/127.0.0.1:0"], connect=[sys.argv[1]],
+                                   multicast_scouting=False, network_version=sys.argv[2]))
+    await t.start("leaver", {})
+    while not t.peers:
+        await asyncio.sleep(0.01)
+    for _ in range(2000):
+        await t.publish(Topic.COMMANDS, b"z" * 1024)
+    print("published", flush=True)
+
+asyncio.run(main())  # no stop(): the atexit hook must close the session, or the process hangs
+"""
+
+
+async def test_exit_without_stop_does_not_hang(make_transport: Any, version: str) -> None:
+    import subprocess
+    import sys
+
+    hub = await make_transport("hub")
+    events: list[PeerEvent] = []
+    hub.on_peer(events.append)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", EXIT_SCRIPT, hub.listen_locators[0], version,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError("a process that never called stop() hung at exit") from None
+    assert proc.returncode == 0, err.decode()
+    assert b"published" in out
+    await wait_until(lambda: PeerEvent("leaver", False) in events, 5, "the leaver to leave")
+    assert PeerEvent("leaver", True) in events

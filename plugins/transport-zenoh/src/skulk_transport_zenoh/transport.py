@@ -170,6 +170,8 @@ class _Lane:
         async with self.lock:
             delay = 0.0005
             while not self.offer(item):
+                if self.stopping:
+                    return  # the transport is closing: the network no longer takes messages
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.02)
 
