@@ -1,6 +1,7 @@
 """apply() throughput on a realistic event mix, against msgpack decode of the same events.
 
-Run: ``python bench/bench_apply.py [--events N]``; prints JSON.
+Run: ``python bench/bench_apply.py [--events N]``; prints JSON. Also the kernel section of the
+suite (``python bench/run.py``), through :func:`run`.
 
 The mix is what a busy single-instance node logs: per request TaskCreated, TaskAcknowledged,
 RunnerStatusUpdated(Running/Ready), TaskStatusUpdated(Complete) and TaskDeleted, plus occasional
@@ -67,11 +68,9 @@ def make_log(n: int) -> list[ev.IndexedEvent]:
     return out[:n]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=30_000)
-    args = parser.parse_args()
-    log = make_log(args.events)
+def run(events: int = 30_000) -> dict[str, Any]:
+    """The benchmark as a function (the suite's kernel section calls it); returns the JSON result."""
+    log = make_log(events)
     packed = [msgpack.packb(e.wire()) for e in log]
 
     t = time.perf_counter()
@@ -93,14 +92,21 @@ def main() -> None:
     assert state.state_hash() == state2.state_hash()
 
     n = len(log)
-    print(json.dumps({
+    return {
         "events": n,
         "baseline_msgpack_decode_per_s": round(n / baseline),
         "decode_validate_apply_per_s": round(n / full),
         "apply_only_per_s": round(n / apply_only),
         "ratio_decode_validate_apply_vs_baseline": round(baseline / full, 4),
         "ratio_apply_only_vs_baseline": round(baseline / apply_only, 4),
-    }, indent=2))
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=30_000)
+    args = parser.parse_args()
+    print(json.dumps(run(args.events), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Benchmark skulk_kernel.eventlog against raw msgpack into/out of a BytesIO.
 
 Run: ``python bench/bench_eventlog.py [--records N] [--repeats R] [--dir PATH]``; prints JSON.
+Also the kernel section of the suite (``python bench/run.py``), through :func:`run`.
 
 The baseline is the floor any msgpack-based log pays (encode + buffer write,
 then decode); the ratios show what framing, file I/O, fsync, rotation and
@@ -86,14 +87,10 @@ def best(fn: Callable[[], None], repeats: int) -> float:
     return min(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--records", type=int, default=200_000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dir", default=None, help="parent directory for the log (default: system temp)")
-    args = ap.parse_args()
-    n, repeats = args.records, args.repeats
-    records = make_records(n)
+def run(records: int = 200_000, repeats: int = 3, parent: Path | None = None) -> dict[str, Any]:
+    """The benchmark as a function (the suite's kernel section calls it); returns the JSON result."""
+    n = records
+    records_list = make_records(n)
 
     # Baseline: raw packb into a BytesIO, then unpackb back out (lengths kept aside for framing).
     lengths: list[int] = []
@@ -103,7 +100,7 @@ def main() -> None:
         nonlocal sink
         sink = io.BytesIO()
         lengths.clear()
-        for rec in records:
+        for rec in records_list:
             data = msgpack.packb([len(lengths), rec])
             lengths.append(len(data))
             sink.write(data)
@@ -127,7 +124,7 @@ def main() -> None:
         "no_fsync(fsync_every=0)": {"fsync_every": 0},
         "rotating(rotate=4MiB)": {"rotate_bytes": 4 << 20},
     }
-    parent = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    parent = parent or Path(tempfile.gettempdir())
     for name, kw in configs.items():
         root = Path(tempfile.mkdtemp(prefix="skulk-eventlog-bench-", dir=parent))
         try:
@@ -136,7 +133,7 @@ def main() -> None:
             def write(kw: dict[str, Any] = kw, root: Path = root, counter: Any = counter) -> None:
                 d = root / f"run{next(counter)}"
                 with EventLog(d, **kw) as log:
-                    for i, rec in enumerate(records):
+                    for i, rec in enumerate(records_list):
                         log.append(i, rec)
                     assert log.mode == "persisting", log.degraded_reason
 
@@ -165,7 +162,16 @@ def main() -> None:
             }
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="parent directory for the log (default: system temp)")
+    args = ap.parse_args()
+    print(json.dumps(run(args.records, args.repeats, Path(args.dir) if args.dir else None), indent=2))
 
 
 if __name__ == "__main__":

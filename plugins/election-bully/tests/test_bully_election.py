@@ -242,3 +242,49 @@ async def test_stop_is_idempotent_and_restart_works() -> None:
         await node.election.stop()
         election = BullyElection(FAST)
         assert election.diagnostics()["master"] is None
+
+
+@pytest.mark.parametrize("seed", [3, 17, 42])
+async def test_random_churn_heals_to_one_stable_master(seed: int) -> None:
+    """Joins, clean stops, crashes, muted nodes, partitions and log growth at random; then heal."""
+    import random
+
+    rng = random.Random(seed)
+    async with cluster() as bus:
+        nodes: list[FakeNode] = []
+
+        async def add() -> None:
+            node = FakeNode(bus, f"n{len(nodes):02d}-{rng.randint(0, 99)}", applied=rng.randint(-1, 20),
+                            force_master=rng.random() < 0.05)
+            nodes.append(await node.start())
+
+        for _ in range(rng.randint(2, 5)):
+            await add()
+        for _ in range(8):
+            live = [n for n in nodes if n.alive]
+            op = rng.choice(["add", "stop", "crash", "mute", "partition", "heal", "grow"])
+            if op == "add" or len(live) < 2:
+                await add()
+            elif op == "stop":
+                await rng.choice(live).stop()
+            elif op == "crash":
+                await rng.choice(live).crash()
+            elif op == "mute":
+                bus.muted.add(rng.choice(live).node_id)
+            elif op == "partition":
+                ids = [n.node_id for n in live]
+                rng.shuffle(ids)
+                cut = rng.randint(1, len(ids) - 1)
+                bus.partition(ids[:cut], ids[cut:])
+            elif op == "heal":
+                bus.heal()
+            else:
+                rng.choice(live).state.last_event_applied_idx += rng.randint(1, 5)
+            await asyncio.sleep(rng.uniform(0, 2 * ROUND))
+        bus.heal()
+        live = [n for n in nodes if n.alive]
+        master = await wait_agreed(live, FAILOVER + 2.0)
+        reported = [len(n.changes) for n in live]
+        await asyncio.sleep(FAILOVER + ROUND)
+        assert agreed_master(live) == master
+        assert [len(n.changes) for n in live] == reported, "the healed cluster must not keep changing"

@@ -23,27 +23,21 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 from skulk_kernel.ids import new_id
 from skulk_kernel.inference import InferenceError, catalog, generate, resolve_card
 from skulk_kernel.tasks import ErrorChunk
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import messages
-from .dispatch import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 from .requests import RequestError, estimate_tokens, parse_json_object, parse_messages_request
 
 log = logging.getLogger("skulk.api.anthropic")
 CLIENT_CLOSED = 499
-MAX_BODY_BYTES = 32 * 1024 * 1024
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MODELS_PATH = "/v1/models"
 INTERNAL_MODELS_PATH = "/anthropic/v1/models"
 _OVERFLOW_COUNT = re.compile(r"prompt has (\d+) tokens")
-
-try:  # the host's body limit, so every adapter enforces the same one
-    from skulk_api_control.server import MAX_BODY_BYTES  # type: ignore[no-redef]
-except ImportError:  # pragma: no cover - api-control is the HTTP host
-    pass
 
 
 def request_id() -> str:
@@ -103,7 +97,7 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
 
     async def read_request(request: Request, require_max_tokens: bool = True) -> Any:
         try:
-            body = await read_body(request, MAX_BODY_BYTES)
+            body = await read_body(request)
         except BodyTooLarge as exc:
             raise RequestError(str(exc), status=413, error_type="request_too_large") from None
         return parse_messages_request(parse_json_object(body), require_max_tokens=require_max_tokens)

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 from skulk_kernel.inference import (
     InferenceError,
     catalog,
@@ -34,7 +35,6 @@ from skulk_kernel.tasks import EmbeddingParams, ErrorChunk
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import wire
-from .dispatch import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 from .requests import (
     GenerationRequest,
     RequestError,
@@ -47,16 +47,10 @@ from .requests import (
 )
 
 CLIENT_CLOSED = 499
-MAX_BODY_BYTES = 32 * 1024 * 1024
 NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
 NEVER_EXPIRES = "2999-12-31T23:59:59Z"  # instances stay until deleted: there is no keep_alive expiry
 PREFIXES = ("/api", "/ollama/api")
-
-try:  # the host's body limit, so every adapter enforces the same one
-    from skulk_api_control.server import MAX_BODY_BYTES  # type: ignore[no-redef]
-except ImportError:  # pragma: no cover - api-control is the HTTP host
-    pass
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
@@ -168,7 +162,7 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
 
     async def read_json(request: Request) -> dict[str, Any]:
         try:
-            body = await read_body(request, MAX_BODY_BYTES)
+            body = await read_body(request)
         except BodyTooLarge as exc:
             raise RequestError(str(exc), status=413) from None
         return parse_json_object(body)

@@ -1,9 +1,10 @@
 """`POST /v1/responses` (and the un-prefixed `/responses`): the OpenAI Responses API.
 
 Same dispatch as Chat Completions (`routes.py`): the body is parsed by `responses_requests.py`, the
-request goes through `skulk_kernel.inference.generate`, `dispatch.py` waits for the first chunk
-(keep-alives after `keepalive_s` for streams), watches for the client leaving (which cancels the
-task) and closes the handle exactly once; `responses.py` writes the wire format.
+request goes through `skulk_kernel.inference.generate`, the host's `skulk_api_control.streaming`
+waits for the first chunk (keep-alives after `keepalive_s` for streams), watches for the client
+leaving (which cancels the task) and closes the handle exactly once; `responses.py` writes the wire
+format.
 
 Errors known before the first byte are HTTP statuses in OpenAI's error shape (4xx with
 `x-should-retry: false`). A stream that had to wait sends `: keep-alive` comments, then
@@ -21,20 +22,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from skulk_api_control.streaming import ClientGone, Dispatch, InferenceStreamResponse
 from skulk_kernel.ids import new_id
 from skulk_kernel.inference import InferenceError, generate
 from skulk_kernel.tasks import ErrorChunk
 
-from .dispatch import ClientGone, Dispatch, InferenceStreamResponse, read_body
 from .requests import RequestError, parse_json_object
 from .responses import KEEPALIVE, ResponsesEncoder
 from .responses_requests import parse_responses_request
 from .routes import (
     CLIENT_CLOSED,
-    MAX_BODY_BYTES,
     SSE_HEADERS,
     chunk_error,
     inference_error,
+    read_request_body,
     request_error,
 )
 
@@ -46,7 +47,7 @@ def add_responses_routes(
 ) -> None:
     async def create_response(request: Request) -> Response:
         try:
-            req = parse_responses_request(parse_json_object(await read_body(request, MAX_BODY_BYTES)))
+            req = parse_responses_request(parse_json_object(await read_request_body(request)))
         except RequestError as exc:
             return request_error(exc)
         model = canonical(req.model)

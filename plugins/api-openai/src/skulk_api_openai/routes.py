@@ -24,36 +24,25 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from skulk_api_control.server import openai_error  # the host's, so every OpenAI-style error looks the same
+from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 from skulk_kernel.inference import InferenceError, catalog, embed, generate, resolve_card
 from skulk_kernel.tasks import ErrorChunk
 
 from . import chat, embeddings
-from .dispatch import ClientGone, Dispatch, InferenceStreamResponse, read_body
 from .requests import RequestError, parse_chat_request, parse_embeddings_request, parse_json_object
 
 log = logging.getLogger("skulk.api.openai")
 CLIENT_CLOSED = 499
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-try:  # the host's helpers, so every OpenAI-style error looks the same
-    from skulk_api_control.server import MAX_BODY_BYTES, openai_error
-except ImportError:  # pragma: no cover - api-control is the HTTP host; this only keeps imports working
-    MAX_BODY_BYTES = 32 * 1024 * 1024
 
-    def openai_error(
-        status: int,
-        message: str,
-        *,
-        error_type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> JSONResponse:
-        headers = {"x-should-retry": "false"} if 400 <= status < 500 else {}
-        return JSONResponse(
-            {"error": {"message": message, "type": error_type, "param": param, "code": code}},
-            status_code=status,
-            headers=headers,
-        )
+async def read_request_body(request: Request) -> bytes:
+    """The body under the host's limit; over it, a 413 RequestError in OpenAI's shape."""
+    try:
+        return await read_body(request)
+    except BodyTooLarge as exc:
+        raise RequestError(str(exc), status=413, code="request_too_large") from None
 
 
 def request_error(exc: RequestError) -> JSONResponse:
@@ -79,7 +68,7 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
         return card.model_id if card is not None else ref
 
     async def read_json(request: Request) -> dict[str, Any]:
-        return parse_json_object(await read_body(request, MAX_BODY_BYTES))
+        return parse_json_object(await read_request_body(request))
 
     # --- chat ------------------------------------------------------------------------------------
 

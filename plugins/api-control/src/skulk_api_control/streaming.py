@@ -1,13 +1,20 @@
-"""One inference call seen from one HTTP request: the wait for the first chunk, disconnects, closing.
+"""One inference call seen from one HTTP request: the body, the wait for the first chunk, disconnects,
+closing. Shared by every API adapter that registers routes on this host (api-openai, api-anthropic,
+api-ollama); it knows no adapter's wire format or error shape.
 
-* `read_body` reads the body under the host's size limit (chunked uploads carry no content-length
-  for the host's middleware to check).
+* `read_body` reads the body under the host's size limit (`server.MAX_BODY_BYTES` unless told
+  otherwise); chunked uploads carry no content-length for the host's `limit_body` middleware to
+  check. Over the limit it raises `BodyTooLarge`, which each adapter answers as a 413 in its own
+  error shape.
 * `Dispatch` runs `generate()` / `embed()` as a task, so a route can wait for the first chunk while
-  watching for the client leaving. `close()` always ends in `handle.close()` (or cancels the call
-  still starting), exactly once, shielded from the cancellation a disconnect causes.
+  watching for the client leaving (and, for a stream, stop waiting after `keepalive_s` to start
+  sending keep-alives / pings). `close()` always ends in `handle.close()` (or cancels the call still
+  starting), exactly once, shielded from the cancellation a disconnect causes.
 * `InferenceStreamResponse` is a StreamingResponse that runs a close callback however it ends
   (Starlette cancels the streaming task when the client goes; a generator suspended at a `yield`
   would otherwise only be finalized by the garbage collector).
+* `spawn` keeps a background task referenced until it ends; `ClientGone` is raised when the client
+  disconnects before the answer was ready.
 """
 
 from __future__ import annotations
@@ -21,6 +28,18 @@ from skulk_kernel.inference import InferenceHandle
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from .server import MAX_BODY_BYTES
+
+__all__ = [
+    "BodyTooLarge",
+    "ClientGone",
+    "Dispatch",
+    "InferenceStreamResponse",
+    "read_body",
+    "spawn",
+    "wait_disconnect",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,18 +59,27 @@ class ClientGone(Exception):
 
 
 class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
+    """The request body went over `limit` bytes (`size`: the bytes read when reading stopped).
+
+    Generic on purpose: each adapter answers it as a 413 in its own error shape.
+    """
+
+    def __init__(self, limit: int, size: int) -> None:
         super().__init__(f"the request body is over the limit of {limit} bytes")
         self.limit = limit
+        self.size = size
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int | None = None) -> bytes:
+    """The whole body; raises BodyTooLarge as soon as more than `limit` (default: the host's) arrived."""
+    if limit is None:
+        limit = MAX_BODY_BYTES
     parts: list[bytes] = []
     size = 0
     async for part in request.stream():
         size += len(part)
         if size > limit:
-            raise BodyTooLarge(limit)
+            raise BodyTooLarge(limit, size)
         parts.append(part)
     return b"".join(parts)
 

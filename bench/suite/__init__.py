@@ -1,0 +1,1 @@
+"""The benchmark suite behind bench/run.py (one module per section)."""

@@ -1,0 +1,313 @@
+"""Section 5, cluster: remote-API per-token overhead, command latency, join time vs log length, failover.
+
+Runs only when `skulk-kernel plugins` lists a transport (`transport-zenoh`) and an election
+(`election-bully`); otherwise the section is recorded as skipped.
+
+The nodes serve the deterministic echo engine (`skulk/echo`, no model files, no per-token delay)
+whatever the suite's main model is: the engine then costs next to nothing per token, so what is
+measured is Skulk's own path (API, kernel, data plane over Zenoh), and node start-ups stay short.
+All nodes run on this host over loopback TCP with multicast scouting off (they connect to the
+seed node's listen endpoint) and a network version unique to the run, so concurrent test
+clusters on the same host never mix with them. Transport and election settings are the defaults
+(Zenoh lease 3 s; bully campaign 1 s, heartbeat 0.5 s, master timeout 3 s).
+
+* per-token overhead: the same requests alternately through the seed node's API (the runner is
+  local to it) and through a second node's API (its tokens cross the data plane): ms per token
+  from token timestamps after the first, and TTFT.
+* command latency: ``PUT /v1/tracing`` (a SetTracingEnabled command; the route returns once the
+  event is applied on the node that took the request), on the master and on a follower.
+* join time vs log length: a fresh node's spawn -> API up -> its State at the master's index.
+* failover: a clean stop (SIGTERM, goodbye) and a kill -9 of the master -> the survivors agree on
+  a new master; then the first token through a survivor.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+from skulk_testing.nodes import NodeProcess, free_port
+
+from . import nodes
+from .common import Section, log, percentile, ratio, summarize
+from .harness import Bench
+from .streams import new_client, stream_once
+
+REQUIRED = ("transport-zenoh", "election-bully")
+ENGINE = "engine-echo"
+MODEL = "skulk/echo"
+PLUGINS = ["transport-zenoh", "election-bully", "master", "worker", ENGINE, "store", "api-control", "api-openai"]
+
+
+def _profile(bench: Bench, name: str, version: str, listen: str, connect: list[str]) -> str:
+    path = bench.scratch / f"{name}.toml"
+    path.write_text(nodes.profile_toml(
+        name, PLUGINS, {"control": "zenoh", "data": "zenoh"},
+        {"master": {"default_models": [MODEL]},
+         "transport-zenoh": {"listen": [listen], "connect": connect, "multicast_scouting": False,
+                             "network_version": version}},
+        "bench cluster node (written by bench/run.py)"))
+    return str(path)
+
+
+def _runtime(node: NodeProcess) -> dict[str, Any]:
+    return node.get("/v1/diagnostics/node", timeout=2).json()
+
+
+def _words(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))
+
+
+class Cluster:
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.version = f"bench-{os.getpid()}-{int(time.time())}"
+        self.port = free_port()
+        self.seed_profile = _profile(bench, "bench-cluster-seed", self.version, f"tcp/127.0.0.1:{self.port}", [])
+        self.join_profile = _profile(bench, "bench-cluster-join", self.version, "tcp/127.0.0.1:0",
+                                     [f"tcp/127.0.0.1:{self.port}"])
+        self.members: list[NodeProcess] = []
+        self.count = 0
+
+    def start_seed(self) -> NodeProcess:
+        t0 = time.perf_counter()
+        node = nodes.start(self.seed_profile, "--force-master", "--node-name", "bench-seed",
+                           home=nodes.scratch_dir("seed"), env=self.bench.env())
+        node.wait_api(timeout=self.bench.settings.startup_timeout_s)
+        node.wait_ready(MODEL, timeout=self.bench.settings.startup_timeout_s)
+        self.seed_ready_s = time.perf_counter() - t0
+        self.members.append(node)
+        return node
+
+    def join(self, master: NodeProcess) -> tuple[NodeProcess, dict[str, Any]]:
+        """Start one more node; time spawn -> API -> State caught up with the master's index."""
+        self.count += 1
+        target = _runtime(master)["lastEventAppliedIdx"]
+        master_id = master.get("/node_id").json()
+        t0 = time.perf_counter()
+        node = nodes.start(self.join_profile, "--node-name", f"bench-join-{self.count}",
+                           home=nodes.scratch_dir(f"join{self.count}"), env=self.bench.env())
+        nodes.wait_for(lambda: node.get("/node_id", timeout=1).status_code == 200,
+                       self.bench.settings.startup_timeout_s, "the joining node's API", 0.05)
+        api_s = time.perf_counter() - t0
+
+        def synced() -> bool:
+            rt = _runtime(node)
+            return rt["lastEventAppliedIdx"] >= target and rt["runtime"]["masterNodeId"] == master_id
+
+        nodes.wait_for(synced, 60, "the joining node to catch up", 0.05)
+        total = time.perf_counter() - t0
+        self.members.append(node)
+        return node, {"log_length": target + 1, "api_up_s": round(api_s, 3), "synced_s": round(total, 3),
+                      "sync_after_api_s": round(total - api_s, 3)}
+
+    def leave(self, node: NodeProcess) -> None:
+        node.stop()
+        if node in self.members:
+            self.members.remove(node)
+
+
+def _grow_log(master: NodeProcess, target: int, threads: int = 6) -> dict[str, Any]:
+    """Requests of one token to the echo model until the master's log reaches `target` events."""
+    t0 = time.perf_counter()
+    start_idx = _runtime(master)["lastEventAppliedIdx"]
+    stop = threading.Event()
+    sent = [0]
+
+    def worker(k: int) -> None:
+        with new_client(4) as client:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                stream_once(client, master.url, "chat", MODEL, f"grow {k} {i}", 1, timeout=30)
+                sent[0] += 1
+
+    pool = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    try:
+        nodes.wait_for(lambda: _runtime(master)["lastEventAppliedIdx"] + 1 >= target, 600, "the log to grow", 0.2)
+    finally:
+        stop.set()
+        for t in pool:
+            t.join(30)
+    end_idx = _runtime(master)["lastEventAppliedIdx"]
+    took = time.perf_counter() - t0
+    return {"from": start_idx + 1, "to": end_idx + 1, "requests": sent[0], "seconds": round(took, 2),
+            "events_per_s": round((end_idx - start_idx) / took, 1) if took else None}
+
+
+def _command_latency(node: NodeProcess, count: int) -> list[float]:
+    out = []
+    with httpx.Client(timeout=30) as client:
+        enabled = bool(client.get(node.url + "/v1/tracing").json()["enabled"])
+        for _ in range(count):
+            enabled = not enabled
+            t0 = time.perf_counter()
+            r = client.put(node.url + "/v1/tracing", json={"enabled": enabled})
+            took = time.perf_counter() - t0
+            if r.status_code == 200:
+                out.append(took * 1000)
+    return out
+
+
+def _agreed(survivors: list[NodeProcess]) -> str | None:
+    views = []
+    for node in survivors:
+        try:
+            views.append(_runtime(node)["runtime"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+    masters = {v["masterNodeId"] for v in views}
+    if len(masters) != 1:
+        return None
+    (master,) = masters
+    leaders = [v["nodeId"] for v in views if v["isMaster"]]
+    return master if leaders == [master] else None
+
+
+def _failover(cluster: Cluster, mode: str, model_timeout: float) -> dict[str, Any]:
+    victims = [n for n in cluster.members if _runtime(n)["runtime"]["isMaster"]]
+    if not victims:
+        raise RuntimeError("no member reports itself master")
+    victim = victims[0]
+    survivors = [n for n in cluster.members if n is not victim]
+    if not survivors:
+        raise RuntimeError("failover needs at least two members")
+    old = victim.get("/node_id").json()
+    t0 = time.perf_counter()
+    victim.kill(signal.SIGTERM if mode == "clean" else signal.SIGKILL)
+    new = nodes.wait_for(lambda: (m := _agreed(survivors)) and m != old and m, 60, "a new master", 0.05)
+    elected = time.perf_counter() - t0
+    out: dict[str, Any] = {"mode": "SIGTERM (goodbye)" if mode == "clean" else "SIGKILL", "members_before":
+                           len(cluster.members), "elected_s": round(elected, 3), "new_master": new}
+    # then: the first token through a survivor (the model may have to be placed again by the new master)
+    deadline = time.monotonic() + model_timeout
+    with new_client() as client:
+        while time.monotonic() < deadline:
+            got = stream_once(client, survivors[0].url, "chat", MODEL, "after failover one two three", 3, timeout=30)
+            if got.ok:
+                out["first_token_s"] = round(got.started_at + (got.ttft_s or 0) - t0, 3)
+                break
+            out["last_error"] = f"{got.status} {(got.error or '')[:160]}"
+            time.sleep(0.1)
+        else:
+            out["first_token_s"] = None
+            out["note"] = (f"no token through a survivor within {model_timeout:.0f} s (the model lived on the "
+                           "old master's worker)")
+    victim.stop()
+    cluster.members.remove(victim)
+    return out
+
+
+def run(section: Section, bench: Bench) -> None:
+    s = bench.settings
+    installed = nodes.installed_plugins()
+    missing = [p for p in REQUIRED if p not in installed]
+    if missing:
+        section.skip(f"skipped: cluster plugins not installed (missing: {', '.join(missing)})")
+        return
+    if ENGINE not in installed:
+        section.skip(f"skipped: the cluster section serves the echo engine and {ENGINE} is not installed")
+        return
+    cluster = Cluster(bench)
+    section.context = {"engine": ENGINE, "model": MODEL, "plugins": {p: installed[p] for p in REQUIRED},
+                       "transport": "zenoh over loopback TCP, multicast scouting off, defaults otherwise",
+                       "network_version": cluster.version, "tokens_per_request": s.cluster_tokens}
+    try:
+        seed = cluster.start_seed()
+        section.results["seed_ready_s"] = round(cluster.seed_ready_s, 3)
+        follower, first_join = cluster.join(seed)
+        joins = [first_join]
+        log(f"   joined at log length {first_join['log_length']}: {first_join['synced_s']} s")
+
+        # -- per-token overhead through a remote API node ---------------------------------------------
+        prompt = _words(s.cluster_tokens)
+        local, remote = [], []
+        with new_client() as client:
+            stream_once(client, seed.url, "chat", MODEL, "warm up", 4)
+            stream_once(client, follower.url, "chat", MODEL, "warm up", 4)
+            for r in range(s.cluster_rounds):
+                order = ((seed, local), (follower, remote)) if r % 2 == 0 else ((follower, remote), (seed, local))
+                for node, bucket in order:
+                    bucket.append(stream_once(client, node.url, "chat", MODEL, f"{r} {prompt}", s.cluster_tokens))
+
+        def per_token_ms(results: list[Any]) -> float | None:
+            spans = [(x.n_tokens - 1, x.decode_span_s) for x in results if x.ok and x.decode_span_s]
+            n = sum(a for a, _ in spans)
+            return sum(b for _, b in spans) / n * 1000 if n else None
+
+        lp, rp = per_token_ms(local), per_token_ms(remote)
+        lt = percentile([x.ttft_s * 1000 for x in local if x.ok and x.ttft_s], 50)
+        rt = percentile([x.ttft_s * 1000 for x in remote if x.ok and x.ttft_s], 50)
+        section.results["remote_api"] = {
+            "local_ms_per_token": None if lp is None else round(lp, 4),
+            "remote_ms_per_token": None if rp is None else round(rp, 4),
+            "overhead_us_per_token": None if lp is None or rp is None else round((rp - lp) * 1000, 2),
+            "local_ttft_ms_p50": None if lt is None else round(lt, 2),
+            "remote_ttft_ms_p50": None if rt is None else round(rt, 2),
+            "requests_each": s.cluster_rounds,
+            "errors": [x.error for x in local + remote if not x.ok][:3],
+        }
+        section.add_ratio("remote_vs_local_ms_per_token", ratio(rp, lp), "ms per token through the node hosting "
+                          "the runner (local API)")
+        section.add_ratio("remote_vs_local_ttft", ratio(rt, lt), "TTFT p50 through the local API")
+        section.row("ms/token local API (echo)", section.results["remote_api"]["local_ms_per_token"], "ms")
+        section.row("ms/token remote API node", section.results["remote_api"]["remote_ms_per_token"], "ms",
+                    baseline=section.results["remote_api"]["local_ms_per_token"], ratio=ratio(rp, lp))
+        section.row("TTFT p50 remote API node", section.results["remote_api"]["remote_ttft_ms_p50"], "ms",
+                    baseline=section.results["remote_api"]["local_ttft_ms_p50"], ratio=ratio(rt, lt))
+
+        # -- command latency ---------------------------------------------------------------------------
+        on_master = _command_latency(seed, s.cluster_commands)
+        on_follower = _command_latency(follower, s.cluster_commands)
+        cm, cf = summarize(on_master, 2), summarize(on_follower, 2)
+        section.results["command_latency_ms"] = {"on_master": cm, "on_follower": cf,
+                                                 "command": "PUT /v1/tracing (SetTracingEnabled), applied"}
+        section.add_ratio("command_latency_follower_vs_master_p50", ratio(cf["p50"], cm["p50"]),
+                          "command latency p50 on the master")
+        section.row("command latency p50/p99 on master", f"{cm['p50']}/{cm['p99']}", "ms")
+        section.row("command latency p50/p99 on follower", f"{cf['p50']}/{cf['p99']}", "ms",
+                    ratio=ratio(cf["p50"], cm["p50"]))
+
+        # -- join time vs log length -------------------------------------------------------------------
+        growth = []
+        for target in s.cluster_log_targets:
+            if target <= joins[-1]["log_length"]:
+                continue
+            growth.append(_grow_log(seed, target))
+            node, joined = cluster.join(seed)
+            joins.append(joined)
+            log(f"   joined at log length {joined['log_length']}: {joined['synced_s']} s")
+            if len(s.cluster_failover) < 2 or target != s.cluster_log_targets[-1]:
+                cluster.leave(node)
+        section.results["joins"] = joins
+        section.results["log_growth"] = growth
+        first, last = joins[0], joins[-1]
+        section.add_ratio("join_time_longest_vs_shortest_log",
+                          ratio(last["synced_s"], first["synced_s"]) if len(joins) > 1 else None,
+                          f"join time at log length {first['log_length']}",
+                          note=f"log lengths {first['log_length']} -> {last['log_length']}")
+        for j in joins:
+            section.row(f"join at log length {j['log_length']}", j["synced_s"], "s",
+                        baseline=first["synced_s"], ratio=ratio(j["synced_s"], first["synced_s"]))
+
+        # -- failover ----------------------------------------------------------------------------------
+        failovers = []
+        for mode in s.cluster_failover:
+            if len(cluster.members) < 2:
+                break
+            result = _failover(cluster, mode, model_timeout=20 if s.quick else 30)
+            log(f"   failover ({result['mode']}): new master after {result['elected_s']} s, first token after "
+                f"{result.get('first_token_s')} s")
+            failovers.append(result)
+            section.row(f"failover {result['mode']} -> new master", result["elected_s"], "s")
+            section.row(f"failover {result['mode']} -> first token", result.get("first_token_s"), "s")
+        section.results["failover"] = failovers
+    finally:
+        for node in list(cluster.members):
+            cluster.leave(node)
