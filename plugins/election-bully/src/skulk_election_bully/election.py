@@ -102,6 +102,13 @@ class _Round:
         return max(self.candidates, key=lambda n: (*self.candidates[n], n))
 
 
+class _NodeLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes messages with the node id: several nodes can share a process (tests, benches)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{self.extra['node'] if self.extra else '?'}] {msg}", kwargs
+
+
 @dataclass
 class ElectionStats:
     rounds: int = 0  # rounds this node took part in
@@ -124,6 +131,7 @@ class BullyElection:
         self.node: Any = None
         self.node_id = ""
         self.stats = ElectionStats()
+        self.log = _NodeLog(log, {"node": "?"})
         self._on_change: Callable[[str | None], Awaitable[None]] | None = None
         self._running = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,6 +165,7 @@ class BullyElection:
             raise RuntimeError("election already started")
         self.node = node
         self.node_id = str(node.node_id)
+        self.log = _NodeLog(log, {"node": self.node_id[:8]})
         self._on_change = on_change
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -242,7 +251,7 @@ class BullyElection:
                     item = self._inbox.get_nowait() if not self._inbox.empty() else None
                 self._tick(now)
             except Exception:
-                log.exception("election step failed")
+                self.log.exception("election step failed")
             await self._flush()
 
     async def _report(self) -> None:
@@ -256,7 +265,7 @@ class BullyElection:
                 try:
                     await self._on_change(target)
                 except Exception:
-                    log.exception("on_change(%s) failed", target)
+                    self.log.exception("on_change(%s) failed", target)
                 self._reported = target
                 self.stats.master_changes += 1
 
@@ -266,7 +275,7 @@ class BullyElection:
             try:
                 await self.node.publish(Topic.ELECTION, codec.encode(message))
             except Exception as exc:
-                log.warning("could not publish an election %s: %s", message.kind, exc)
+                self.log.warning("could not publish an election %s: %s", message.kind, exc)
 
     def _handle(self, item: tuple[Any, ...], now: float) -> None:
         if item[0] == "msg":
@@ -322,10 +331,10 @@ class BullyElection:
     # ---------------------------------------------------------------- messages
 
     def _warn_limited(self, key: str, now: float, message: str, *args: Any) -> None:
-        """log.warning, at most once per `key` per _WARN_INTERVAL_S (a bad peer cannot flood the log)."""
+        """self.log.warning, at most once per `key` per _WARN_INTERVAL_S (a bad peer cannot flood the log)."""
         if now - self._warned.get(key, -_WARN_INTERVAL_S) >= _WARN_INTERVAL_S:
             self._warned[key] = now
-            log.warning(message, *args)
+            self.log.warning(message, *args)
 
     def _drop(self, sender: str, why: str, now: float) -> None:
         self.stats.dropped += 1
@@ -390,7 +399,7 @@ class BullyElection:
             self.stats.conflicts += 1
             mine = self._rank(now)
             if msg.rank > mine:
-                log.warning("%s also claims to be master and outranks this node (%s > %s); stepping down",
+                self.log.warning("%s also claims to be master and outranks this node (%s > %s); stepping down",
                             sender, msg.rank, mine)
                 self._set_master(sender, now)
                 self._queue("status")
@@ -428,7 +437,7 @@ class BullyElection:
         self.round = _Round(clock=clock, deadline=now + self.config.campaign_timeout_s)
         self.round.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
         self.stats.rounds += 1
-        log.info("election round %d begins: %s", clock, reason)
+        self.log.info("election round %d begins: %s", clock, reason)
         self._queue("campaign")
 
     def _membership_changed(self, now: float, reason: str) -> None:
@@ -444,7 +453,7 @@ class BullyElection:
         if self.round is not None:
             self.round.candidates.pop(peer, None)
         if self.master == peer:
-            log.info("master %s left", peer)
+            self.log.info("master %s left", peer)
             self._set_master(None, now)
             self._follow_best(now)
         self._membership_changed(now, f"{peer} left")
@@ -456,7 +465,7 @@ class BullyElection:
         self.last_round = rnd
         rnd.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
         winner = rnd.winner()
-        log.info("election round %d: %d candidate(s), winner %s%s", rnd.clock, len(rnd.candidates), winner,
+        self.log.info("election round %d: %d candidate(s), winner %s%s", rnd.clock, len(rnd.candidates), winner,
                  " (this node)" if winner == self.node_id else "")
         if winner == self.node_id:
             self._won_round = rnd
@@ -471,7 +480,7 @@ class BullyElection:
             if peer != winner and announced.clock < rnd.clock:
                 del self._masters[peer]
         if self.is_master:
-            log.info("round %d elected %s; this node steps down", rnd.clock, winner)
+            self.log.info("round %d elected %s; this node steps down", rnd.clock, winner)
             self._set_master(None, now)
             self._queue("status")
         self._follow_best(now)
@@ -491,7 +500,7 @@ class BullyElection:
     def _set_master(self, value: str | None, now: float) -> None:
         if value == self.master:
             return
-        log.info("election: master %s -> %s%s", self.master, value,
+        self.log.info("election: master %s -> %s%s", self.master, value,
                  " (this node)" if value == self.node_id else "")
         if self.master == self.node_id:
             self._won_round = None  # seniority is earned anew by the next win
@@ -507,7 +516,7 @@ class BullyElection:
             heard = self._heard.get(self.master)
             if heard is None or now - heard[0] > cfg.master_timeout_s:
                 lost = self.master
-                log.warning("master %s silent for over %.1fs", lost, cfg.master_timeout_s)
+                self.log.warning("master %s silent for over %.1fs", lost, cfg.master_timeout_s)
                 self._masters.pop(lost, None)
                 self._set_master(None, now)
                 self._follow_best(now)
