@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams
 
 
 def make_log(n: int) -> list[ev.IndexedEvent]:
-    at = datetime(2026, 11, 29, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 29, tzinfo=UTC)
     node = "node-a"
     out: list[ev.IndexedEvent] = []
 

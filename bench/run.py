@@ -84,21 +84,24 @@ def default_models_dir() -> Path:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
-    counts: dict[str, dict[str, Any]] = {
+    presets: dict[str, dict[str, Any]] = {
         "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=12,
                      serving_max_tokens=128, format_rounds=5, concurrency_levels=[1, 2, 4, 8, 16],
                      concurrency_max_tokens=64, concurrency_min_requests=4, cold_starts=3, measure_provisioning=True,
                      cluster_tokens=200, cluster_rounds=10, cluster_commands=200, cluster_log_targets=[1000, 4000],
-                     cluster_failover=["clean", "kill"]),
+                     cluster_failover=["clean", "kill"], cluster_recovery_timeout_s=30.0),
         "quick": dict(kernel_records=20_000, kernel_repeats=1, apply_events=5_000, serving_pairs=4,
-                      serving_max_tokens=64, format_rounds=2, concurrency_levels=[1, 4], concurrency_max_tokens=32,
+                      serving_max_tokens=64, format_rounds=2, concurrency_levels=[1, 4], concurrency_max_tokens=64,
                       concurrency_min_requests=2, cold_starts=1, measure_provisioning=False, cluster_tokens=100,
-                      cluster_rounds=4, cluster_commands=50, cluster_log_targets=[300], cluster_failover=["kill"]),
+                      cluster_rounds=4, cluster_commands=50, cluster_log_targets=[300], cluster_failover=["kill"],
+                      cluster_recovery_timeout_s=10.0),
         "tiny": dict(kernel_records=2_000, kernel_repeats=1, apply_events=500, serving_pairs=2, serving_max_tokens=16,
                      format_rounds=1, concurrency_levels=[1, 2], concurrency_max_tokens=8, concurrency_min_requests=1,
                      cold_starts=1, measure_provisioning=False, cluster_tokens=20, cluster_rounds=2,
-                     cluster_commands=10, cluster_log_targets=[], cluster_failover=["kill"]),
-    }[mode]
+                     cluster_commands=10, cluster_log_targets=[], cluster_failover=["kill"],
+                     cluster_recovery_timeout_s=5.0),
+    }
+    counts: dict[str, Any] = presets[mode]
     if args.levels:
         counts["concurrency_levels"] = [int(x) for x in args.levels.split(",")]
     return Settings(profile=args.profile, model=args.model, models_dir=Path(args.models_dir),
@@ -131,7 +134,9 @@ def print_table(report: dict[str, Any]) -> None:
     width = 46
     print(f"{'section / metric':<{width}} {'value':>14} {'baseline':>10} {'ratio':>8}  goal")
     for name, sec in report["sections"].items():
-        status = "" if sec["status"] == "ok" else f"  [{sec['status']}: {sec['reason']}]"
+        reason = str(sec["reason"] or "").split("\n")[0]
+        status = "" if sec["status"] == "ok" else (
+            f"  [{reason}]" if reason.startswith(sec["status"]) else f"  [{sec['status']}: {reason}]")
         print(f"-- {name}{status}")
         for row in sec["rows"]:
             value = row["value"]
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="cpu-llamacpp", help="node profile (bundled name or .toml path)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="chat model the profile places (e.g. skulk/echo for dev)")
     ap.add_argument("--models-dir", default=str(default_models_dir()),
-                    help="provisioned models ($SKULK_MODELS_DIR, else $SKULK_TEST_MODELS_DIR, else <tmp>/skulk-test-models)")
+                    help="provisioned models ($SKULK_MODELS_DIR, else $SKULK_TEST_MODELS_DIR, "
+                         "else <tmp>/skulk-test-models)")
     ap.add_argument("--skip-inprocess", action="store_true", help="no in-process engine baseline in `serving`")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     ap.add_argument("--levels", default="", help="concurrency levels, e.g. 1,2,4 (overrides the mode's)")
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                              for key, entry in sec["ratios"].items()}
         for name in SECTIONS:  # an interrupted run still says which sections never ran
             report["sections"].setdefault(name, Section(name, SECTIONS[name], status="skipped",
-                                                        reason="not reached (run interrupted)").to_json())
+                                                        reason="skipped: not reached (run interrupted)").to_json())
         if args.no_plots:
             report["plots"] = {"skipped": "--no-plots"}
         elif not plots.available():

@@ -87,7 +87,7 @@ def machine_info() -> dict[str, Any]:
 def package_versions() -> dict[str, str]:
     versions: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower()
+        name = (dist.metadata["Name"] or "").lower()
         if name.startswith("skulk-") or name == "skulk":
             versions[name] = dist.version
     for name in THIRD_PARTY:

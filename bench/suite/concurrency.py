@@ -15,6 +15,7 @@ concurrency adds less than 10% aggregate throughput.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -30,7 +31,7 @@ KNEE_GAIN = 1.10
 
 def knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
     points = [(p["concurrency"], p["aggregate_tok_s"]) for p in levels if p["aggregate_tok_s"]]
-    for (level, thr), (nxt, nthr) in zip(points, points[1:], strict=False):
+    for (level, thr), (nxt, nthr) in itertools.pairwise(points):
         if nthr < thr * KNEE_GAIN:
             return {"concurrency": level, "aggregate_tok_s": thr, "next": nxt, "next_aggregate_tok_s": nthr,
                     "reached": True}
@@ -68,7 +69,8 @@ def measure_backend(bench: Bench, backend: str) -> dict[str, Any]:
     s = bench.settings
     node = bench.node
     assert node is not None
-    warm = stream_once(new_client(), node.url, "chat", s.model, fresh_prompt(7), 8)
+    with new_client() as client:
+        warm = stream_once(client, node.url, "chat", s.model, fresh_prompt(7), 8)
     out: dict[str, Any] = {"backend": backend, "warmup_ok": warm.ok, "levels": []}
     seed = 10_000
     for level in s.concurrency_levels:
@@ -84,13 +86,13 @@ def measure_backend(bench: Bench, backend: str) -> dict[str, Any]:
             wall += took
         ok = [r for r in results if r.ok]
         agg = tokens / wall if wall else None
-        point = {"concurrency": level, "requests": len(results), "rounds": rounds, "errors": len(results) - len(ok),
-                 "tokens": tokens, "wall_s": round(wall, 3),
-                 "aggregate_tok_s": None if agg is None else round(agg, 2),
-                 "ttft_ms": summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None], 1),
-                 "per_stream_decode_tok_s": summarize([r.decode_tok_s for r in ok if r.decode_tok_s], 2),
-                 "backends_seen": sorted({r.backend for r in ok if r.backend}),
-                 "first_errors": [r.error for r in results if not r.ok][:3]}
+        point: dict[str, Any] = {
+            "concurrency": level, "requests": len(results), "rounds": rounds, "errors": len(results) - len(ok),
+            "tokens": tokens, "wall_s": round(wall, 3), "aggregate_tok_s": None if agg is None else round(agg, 2),
+            "ttft_ms": summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None], 1),
+            "per_stream_decode_tok_s": summarize([r.decode_tok_s for r in ok if r.decode_tok_s], 2),
+            "backends_seen": sorted({r.backend for r in ok if r.backend}),
+            "first_errors": [r.error for r in results if not r.ok][:3]}
         log(f"   {backend} x{level}: {point['aggregate_tok_s']} tok/s, TTFT p50 {point['ttft_ms']['p50']} ms, "
             f"p90 {point['ttft_ms']['p90']} ms")
         out["levels"].append(point)
@@ -142,7 +144,8 @@ def run(section: Section, bench: Bench) -> None:
         by_level = {p["concurrency"]: p["aggregate_tok_s"] for p in data.get("levels", [])}
         for point in primary.get("levels", []):
             level = point["concurrency"]
-            section.add_ratio(f"{backend}_vs_{started_on}_at_{level}", ratio(by_level.get(level), point["aggregate_tok_s"]),
+            section.add_ratio(f"{backend}_vs_{started_on}_at_{level}",
+                              ratio(by_level.get(level), point["aggregate_tok_s"]),
                               f"{started_on} aggregate tok/s at concurrency {level}")
 
 

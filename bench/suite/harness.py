@@ -43,6 +43,7 @@ class Settings:
     cluster_commands: int
     cluster_log_targets: list[int]
     cluster_failover: list[str]
+    cluster_recovery_timeout_s: float
     startup_timeout_s: float = 300.0
 
     def as_json(self) -> dict[str, Any]:

@@ -52,10 +52,10 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
     if serving.get("status") == "ok":
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         pairs = serving["results"].get("pairs", [])
-        xs = range(len(pairs))
-        axes[0].plot(xs, [p["node"]["decode_tok_s"] for p in pairs], "o-", label="node /v1/chat/completions")
+        idx = list(range(len(pairs)))
+        axes[0].plot(idx, [p["node"]["decode_tok_s"] for p in pairs], "o-", label="node /v1/chat/completions")
         if any("inprocess" in p for p in pairs):
-            axes[0].plot(xs, [p.get("inprocess", {}).get("decode_tok_s") for p in pairs], "s--",
+            axes[0].plot(idx, [p.get("inprocess", {}).get("decode_tok_s") for p in pairs], "s--",
                          label="in-process LlamaServer.chat")
         axes[0].set_xlabel("request (alternating order)")
         axes[0].set_ylabel("decode tok/s")
@@ -63,8 +63,8 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
         axes[0].set_title("decode rate per request")
         formats = (serving["results"].get("formats") or {}).get("formats", {})
         if formats:
-            names = list(formats)
-            axes[1].bar(names, [formats[n].get("decode_vs_chat") or 0 for n in names], color="#55a868")
+            fmt_names = list(formats)
+            axes[1].bar(fmt_names, [formats[n].get("decode_vs_chat") or 0 for n in fmt_names], color="#55a868")
             axes[1].axhline(1.0, color="k", lw=0.8)
             axes[1].set_ylabel("decode tok/s / chat completions")
             axes[1].set_title("wire formats")
@@ -73,15 +73,17 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
     conc = sections.get("concurrency", {})
     if conc.get("status") == "ok":
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        for backend, data in conc["results"].get("backends", {}).items():
+        for k, (backend, data) in enumerate(conc["results"].get("backends", {}).items()):
             levels = data.get("levels", [])
             if not levels:
                 continue
+            color = f"C{k}"
             xs = [p["concurrency"] for p in levels]
-            axes[0].plot(xs, [p["aggregate_tok_s"] for p in levels], "o-", label=backend)
-            axes[1].plot(xs, [p["ttft_ms"]["p50"] for p in levels], "o-", label=f"{backend} p50")
-            axes[1].plot(xs, [p["ttft_ms"]["p90"] for p in levels], "x--", label=f"{backend} p90")
+            axes[0].plot(xs, [p["aggregate_tok_s"] for p in levels], "o-", color=color, label=backend)
+            axes[1].plot(xs, [p["ttft_ms"]["p50"] for p in levels], "o-", color=color, label=f"{backend} p50")
+            axes[1].plot(xs, [p["ttft_ms"]["p90"] for p in levels], "x--", color=color, label=f"{backend} p90")
         for ax, label in ((axes[0], "aggregate tok/s"), (axes[1], "TTFT ms")):
+            ax.set_ylim(bottom=0)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent streams")
             ax.set_ylabel(label)

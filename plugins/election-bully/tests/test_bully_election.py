@@ -240,8 +240,11 @@ async def test_stop_is_idempotent_and_restart_works() -> None:
         await wait_until(lambda: node.master_id == "node-a", 2.0, "self-election", [node])
         await node.election.stop()
         await node.election.stop()
-        election = BullyElection(FAST)
-        assert election.diagnostics()["master"] is None
+        assert node.election.diagnostics()["master"] == "node-a"  # what it last knew
+        await node.election.start(node, node.set_master)
+        await wait_until(lambda: node.changes == ["node-a", "node-a"], 2.0, "re-election", [node])
+        await node.election.stop()
+        assert BullyElection(FAST).diagnostics()["master"] is None
 
 
 @pytest.mark.parametrize("seed", [3, 17, 42])

@@ -31,6 +31,7 @@ async def test_an_in_process_node_on_the_local_transport_elects_itself(tmp_path:
         started = time.monotonic()  # the node has started, so has its election
         election = next(iter(node.elections.values()))
         assert isinstance(election, BullyElection)
+        assert node.extensions["election-bully"] is election
         deadline = time.monotonic() + 3.0
         while not node.is_master:
             assert time.monotonic() < deadline, f"no self-election: {election.diagnostics()}"

@@ -139,6 +139,7 @@ class BullyElection:
         self._inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._wired_to: Any = None
         self._reset()
 
     def _reset(self) -> None:
@@ -173,10 +174,12 @@ class BullyElection:
         self._wake = asyncio.Event()
         self._reset()
         self._running = True
-        node.subscribe(Topic.ELECTION, self._on_wire)
-        transport = (getattr(node, "transports", None) or {}).get("control")
-        if transport is not None and hasattr(transport, "on_peer"):
-            transport.on_peer(self._on_peer)
+        if self._wired_to is not node:  # a node cannot unsubscribe: wire each node once
+            self._wired_to = node
+            node.subscribe(Topic.ELECTION, self._on_wire)
+            transport = (getattr(node, "transports", None) or {}).get("control")
+            if transport is not None and hasattr(transport, "on_peer"):
+                transport.on_peer(self._on_peer)
         now = time.monotonic()
         self._next_beat = now + self.config.heartbeat_s
         self._begin_round(self.clock, now, "this node started")

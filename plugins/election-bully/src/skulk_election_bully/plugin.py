@@ -49,4 +49,8 @@ def register_elections(register: Callable[[Any], None], node: Any) -> None:
         return
     from .election import BullyElection
 
-    register(BullyElection(node.plugin_config(PLUGIN) or BullyConfig()))
+    election = BullyElection(node.plugin_config(PLUGIN) or BullyConfig())
+    extensions = getattr(node, "extensions", None)
+    if isinstance(extensions, dict):
+        extensions[PLUGIN] = election  # diagnostics() for whoever wants to show it
+    register(election)
