@@ -34,7 +34,7 @@ def _ensure_venv() -> None:
         import skulk_testing  # noqa: F401
     except ImportError:
         venv_python = ROOT / ".venv" / "bin" / "python"
-        if venv_python.exists() and Path(sys.executable).resolve() != venv_python.resolve() \
+        if venv_python.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() \
                 and not os.environ.get("SKULK_BENCH_REEXEC"):
             os.environ["SKULK_BENCH_REEXEC"] = "1"
             os.execv(str(venv_python), [str(venv_python), *sys.argv])
@@ -85,18 +85,19 @@ def default_models_dir() -> Path:
 def settings_from(args: argparse.Namespace) -> Settings:
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     presets: dict[str, dict[str, Any]] = {
-        "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=12,
+        "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=16, ttft_probes=24,
                      serving_max_tokens=128, format_rounds=5, concurrency_levels=[1, 2, 4, 8, 16],
                      concurrency_max_tokens=64, concurrency_min_requests=4, cold_starts=3, measure_provisioning=True,
                      cluster_tokens=200, cluster_rounds=10, cluster_commands=200, cluster_log_targets=[1000, 4000],
                      cluster_failover=["clean", "kill"], cluster_recovery_timeout_s=30.0),
-        "quick": dict(kernel_records=20_000, kernel_repeats=1, apply_events=5_000, serving_pairs=4,
+        "quick": dict(kernel_records=20_000, kernel_repeats=1, apply_events=5_000, serving_pairs=4, ttft_probes=8,
                       serving_max_tokens=64, format_rounds=2, concurrency_levels=[1, 4], concurrency_max_tokens=64,
                       concurrency_min_requests=2, cold_starts=1, measure_provisioning=False, cluster_tokens=100,
                       cluster_rounds=4, cluster_commands=50, cluster_log_targets=[300], cluster_failover=["kill"],
                       cluster_recovery_timeout_s=10.0),
-        "tiny": dict(kernel_records=2_000, kernel_repeats=1, apply_events=500, serving_pairs=2, serving_max_tokens=16,
-                     format_rounds=1, concurrency_levels=[1, 2], concurrency_max_tokens=8, concurrency_min_requests=1,
+        "tiny": dict(kernel_records=2_000, kernel_repeats=1, apply_events=500, serving_pairs=2, ttft_probes=2,
+                     serving_max_tokens=16, format_rounds=1, concurrency_levels=[1, 2], concurrency_max_tokens=8,
+                     concurrency_min_requests=1,
                      cold_starts=1, measure_provisioning=False, cluster_tokens=20, cluster_rounds=2,
                      cluster_commands=10, cluster_log_targets=[], cluster_failover=["kill"],
                      cluster_recovery_timeout_s=5.0),

@@ -81,7 +81,15 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "load_average": load_average(),
+        "sched_autogroup": _read_int("/proc/sys/kernel/sched_autogroup_enabled"),
     }
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def package_versions() -> dict[str, str]:

@@ -32,6 +32,7 @@ class Settings:
     apply_events: int
     serving_pairs: int
     serving_max_tokens: int
+    ttft_probes: int
     format_rounds: int
     concurrency_levels: list[int]
     concurrency_max_tokens: int

@@ -3,12 +3,21 @@
 Each node gets its own home and API port; every node this process starts is registered, and
 :func:`stop_all` (called from the runner's ``finally`` and its signal handlers) stops whatever is
 still running, runners included (the node's whole process group).
+
+One difference from the test fixture: a bench node gets its own process *group* but stays in the
+bench's *session*. Linux's autogroup scheduler (``kernel.sched_autogroup_enabled``) shares the CPU
+per session first; a node in a session of its own would get a share of its own on a loaded box,
+while the in-process baseline (engine and client in the bench process) would get one share for
+both, and the node would look faster than the engine it wraps.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,9 +35,21 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"skulk-bench-{prefix}-", dir=SCRATCH))
 
 
+class BenchNode(NodeProcess):
+    def start(self) -> BenchNode:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.home / "node.log"
+        env = {**os.environ, "SKULK_HOME": str(self.home), "HF_HUB_OFFLINE": "1", **self.env}
+        cmd = [sys.executable, "-m", "skulk_kernel.cli", "run", "--profile", self.profile,
+               "--api-port", str(self.api_port), "--api-host", "127.0.0.1", *self.args]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        return self
+
+
 def start(profile: str, *args: str, home: Path, env: dict[str, str] | None = None,
           api_port: int | None = None) -> NodeProcess:
-    node = NodeProcess(profile=profile, home=home, api_port=api_port or free_port(), args=args, env=env or {})
+    node = BenchNode(profile=profile, home=home, api_port=api_port or free_port(), args=args, env=env or {})
     STARTED.append(node)
     return node.start()
 
@@ -96,9 +117,6 @@ def derived_profile(base: str, extra_plugins: list[str], path: Path,
 
 def installed_plugins() -> dict[str, str]:
     """`skulk-kernel plugins`, parsed: entry-point name -> distribution + version."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "plugins"], capture_output=True, text=True,
                          timeout=60).stdout
     found = {}

@@ -38,6 +38,11 @@ def fresh_prompt(i: int, topic_index: int | None = None) -> str:
             f"people and what happens over one whole day, in at least three paragraphs.")
 
 
+def short_prompt(i: int) -> str:
+    """A unique prompt of a dozen tokens (for TTFT probes: little prompt evaluation)."""
+    return f"[{uuid.uuid4().hex[:12]}] Name a colour ({i})."
+
+
 @dataclass
 class StreamResult:
     ok: bool = False

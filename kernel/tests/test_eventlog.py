@@ -421,3 +421,20 @@ def test_property_replay_returns_what_was_appended(
         assert list(log.replay()) == list(enumerate(payloads))
         k = len(payloads) // 2
         assert list(log.replay(after_idx=k - 1)) == list(enumerate(payloads))[k:]
+
+
+def test_rebase_continues_a_replicated_state(tmp_path):
+    """A follower that becomes master starts its log at its replicated index, not at 0."""
+    log = EventLog(tmp_path / "log")
+    log.append(0, {"n": 0})
+    log.rebase(41, {"state": "replicated at 41"})
+    log.append(42, {"n": 42})
+    with pytest.raises(ValueError):
+        log.append(44, {"n": 44})
+    snap = log.latest_snapshot()
+    assert snap == (41, {"state": "replicated at 41"})
+    assert [idx for idx, _ in log.replay(after_idx=41)] == [42]
+    log.close()
+    reopened = EventLog(tmp_path / "log")
+    assert reopened.last_idx == 42
+    reopened.close()

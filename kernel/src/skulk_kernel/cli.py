@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     asyncio.run(node.run())
-    return 0
+    return node.exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:

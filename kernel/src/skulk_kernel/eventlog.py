@@ -228,6 +228,20 @@ class EventLog:
         if self._mode == "persisting" and self._active_size > self._rotate_bytes:
             self._rotate()
 
+    def rebase(self, idx: int, state_payload: dict[str, Any]) -> None:
+        """Continue at ``idx + 1`` from a State this log did not build (a new master's session).
+
+        A node that becomes master mid-cluster holds State up to ``idx`` from replication, not
+        from its own log: the snapshot records that starting point so replay (snapshot + tail)
+        still rebuilds it, and what the log held before is archived, never spliced in.
+        """
+        if self._idx_known and idx == self._last_idx:
+            return
+        if self._mode == "persisting" and self._active_size:
+            self._rotate()
+        self.write_snapshot(idx, state_payload)
+        self._last_idx, self._idx_known = idx, True
+
     def flush(self) -> None:
         """Flush and fsync the active file (no-op in counting-only mode)."""
         if self._mode != "persisting" or self._fh is None:

@@ -128,6 +128,8 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event_log: Any = None
         self._sync_task: asyncio.Task[Any] | None = None
+        self._peers: set[str] = set()  # live transport sessions (control plane)
+        self.exit_code = 0
         self.transports: dict[str, Any] = {}
         self.engines = Registry("engine")
         self.planners = Registry("planner")
@@ -349,6 +351,7 @@ class Node:
             for reading in readings:
                 self.readings.put(self.node_id, reading)  # our own readings never wait for the net
                 await self.publish(Topic.READINGS, codec.encode(reading))
+            await self._report_edges()
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     def _on_reading(self, sender: str, payload: bytes) -> None:
@@ -358,28 +361,43 @@ class Node:
     # ---------------------------------------------------------------- membership
 
     async def _on_peer(self, peer: PeerEvent) -> None:
-        """A transport saw a peer come or go: report the edge, and fail streams that ran there.
+        """A transport saw a peer come or go; a departure fails at once the streams that ran there.
 
         The master prunes a silent node only after the liveness timeout; a request whose runner
         was on a node the transport has already seen die must not wait that long.
         """
         if peer.node_id == self.node_id:
             return
-        edge = Connection(source=self.node_id, sink=peer.node_id, kind=self.transports["control"].name)
         if peer.joined:
             log.info("peer %s joined", peer.node_id)
-            if edge not in self.state.topology.connections:
-                await self.emit(TopologyEdgeCreated(edge=edge))
+            self._peers.add(peer.node_id)
+        else:
+            log.warning("peer %s left", peer.node_id)
+            self._peers.discard(peer.node_id)
+            for task in self.state.tasks.values():
+                if task.owner_node_id != self.node_id or task.command_id not in self.streams.open_ids():
+                    continue
+                inst = self.state.instances.get(task.instance_id)
+                if inst is not None and peer.node_id in inst.shard_assignments.node_to_runner:
+                    self.streams.fail(task.command_id, f"node {peer.node_id} running this request left the "
+                                      "cluster", code="node_gone")
+        await self._report_edges()
+
+    async def _report_edges(self) -> None:
+        """Report this node's live transport sessions as topology edges until State agrees.
+
+        Sent only while State differs from what the transport sees (so the log records changes,
+        not heartbeats), and re-sent every telemetry round until the master has indexed it: an
+        edge seen before any master existed is not lost.
+        """
+        if self.master_id is None:
             return
-        log.warning("peer %s left", peer.node_id)
-        for task in self.state.tasks.values():
-            if task.owner_node_id != self.node_id or task.command_id not in self.streams.open_ids():
-                continue
-            inst = self.state.instances.get(task.instance_id)
-            if inst is not None and peer.node_id in inst.shard_assignments.node_to_runner:
-                self.streams.fail(task.command_id, f"node {peer.node_id} running this request left the cluster",
-                                  code="node_gone")
-        if edge in self.state.topology.connections:
+        kind = self.transports["control"].name
+        mine = {c for c in self.state.topology.connections if c.source == self.node_id}
+        wanted = {Connection(source=self.node_id, sink=p, kind=kind) for p in self._peers}
+        for edge in wanted - mine:
+            await self.emit(TopologyEdgeCreated(edge=edge))
+        for edge in mine - wanted:
             await self.emit(TopologyEdgeDeleted(edge=edge))
 
     # ---------------------------------------------------------------- lifecycle
@@ -448,6 +466,12 @@ class Node:
     def request_stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
+
+    def fail(self, reason: str) -> None:
+        """Stop the node with a non-zero exit: a required part (e.g. its HTTP port) is unusable."""
+        log.error("the node cannot run: %s", reason)
+        self.exit_code = 2
+        self.request_stop()
 
     async def run(self) -> None:
         """Start, serve until SIGINT/SIGTERM, stop cleanly."""

@@ -4,9 +4,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from zenoh_helpers import PeerProcess, loopback_config, unique_version
-
 from skulk_transport_zenoh.transport import ZenohTransport
+from zenoh_helpers import PeerProcess, loopback_config, unique_version
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ import sys
 from typing import Any
 
 import pytest
-from zenoh_helpers import loopback_config, unique_version
-
 from skulk_testing.conformance import PluginConformance, TransportConformance
 from skulk_transport_zenoh.transport import ZenohTransport
+from zenoh_helpers import loopback_config, unique_version
 
 
 class TestZenohPlugin(PluginConformance):

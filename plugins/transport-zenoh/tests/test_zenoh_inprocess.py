@@ -8,21 +8,25 @@ import time
 from typing import Any
 
 import pytest
-from zenoh_helpers import loopback_config, multicast_group, unique_version, wait_until
-
 from skulk_kernel.contracts import PeerEvent
 from skulk_kernel.topics import Topic
 from skulk_testing.conformance import Inbox
 from skulk_transport_zenoh.frames import MAGIC
-from skulk_transport_zenoh.transport import NoReply, RequestError, ZenohTransport, version_password
+from skulk_transport_zenoh.transport import NoReply, RequestError, ZenohTransport
+from zenoh_helpers import loopback_config, multicast_group, unique_version, wait_until
 
 JOIN_TIMEOUT = 15.0
 
 
 async def all_see_each_other(transports: list[ZenohTransport]) -> float:
     ids = {t.node_id for t in transports}
-    return await wait_until(lambda: all(t.peers == ids - {t.node_id} for t in transports), JOIN_TIMEOUT,
-                            "every transport to see every other one")
+    try:
+        return await wait_until(lambda: all(t.peers == ids - {t.node_id} for t in transports), JOIN_TIMEOUT,
+                                "every transport to see every other one")
+    except TimeoutError as exc:
+        state = {t.node_id: {"zid": t.zid, "peers": sorted(t.peers), "sessions": sorted(t._connected_zids())}
+                 for t in transports}
+        raise TimeoutError(f"{exc}: {state}") from None
 
 
 async def warm_up(publisher: ZenohTransport, topic: Topic, inboxes: list[Inbox]) -> None:
@@ -295,12 +299,11 @@ async def test_malformed_frames_are_dropped(make_transport: Any, version: str) -
     first.subscribe(Topic.CHUNKS, inbox)
     first.serve(Topic.STATE_SYNC, lambda s, p: b"fine")
 
-    raw = zenoh.Config()  # a bare session with this version's credentials, not a skulk transport
+    raw = zenoh.Config()  # a bare Zenoh session, not a skulk transport
     raw.insert_json5("mode", '"peer"')
     raw.insert_json5("listen/endpoints", "[]")
     raw.insert_json5("connect/endpoints", json.dumps(first.listen_locators))
     raw.insert_json5("scouting/multicast/enabled", "false")
-    raw.insert_json5("transport/auth/usrpwd", json.dumps({"user": "skulk", "password": version_password(version)}))
     session = await asyncio.to_thread(zenoh.open, raw)
     try:
         await wait_until(lambda: bool(session.info.peers_zid()), 10, "the raw session to connect")
@@ -331,14 +334,15 @@ async def test_malformed_frames_are_dropped(make_transport: Any, version: str) -
 
 
 @pytest.mark.parametrize("discovery", ["endpoints", "multicast"])
-async def test_other_version_cannot_connect_and_is_reported(make_transport: Any, discovery: str) -> None:
+async def test_session_auth_refuses_another_version_and_reports_it(make_transport: Any, discovery: str) -> None:
     if discovery == "multicast":
         group = multicast_group()
-        first = await make_transport("node-0", multicast=group)
-        other = await make_transport("node-x", version=unique_version(), multicast=group)
+        first = await make_transport("node-0", multicast=group, session_auth=True)
+        other = await make_transport("node-x", version=unique_version(), multicast=group, session_auth=True)
     else:
-        first = await make_transport("node-0")
-        other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators)
+        first = await make_transport("node-0", session_auth=True)
+        other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators,
+                                     session_auth=True)
     await wait_until(lambda: "node-x" in first.mismatched_peers and "node-0" in other.mismatched_peers, 10,
                      "both sides to report the mismatch")
     assert first.mismatched_peers["node-x"].network_version == other.network_version
@@ -347,10 +351,9 @@ async def test_other_version_cannot_connect_and_is_reported(make_transport: Any,
     assert first._connected_zids() == set()  # refused at the session level
 
 
-async def test_other_version_without_session_auth_is_seen_but_never_a_member(make_transport: Any) -> None:
-    first = await make_transport("node-0", session_auth=False)
-    other = await make_transport("node-x", version=unique_version(), session_auth=False,
-                                 connect=first.listen_locators)
+async def test_another_version_is_seen_but_never_a_member(make_transport: Any) -> None:
+    first = await make_transport("node-0")  # the default: no session auth, versioned key space
+    other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators)
     inbox = Inbox()
     first.subscribe(Topic.COMMANDS, inbox)
     await wait_until(lambda: first.mismatched_peers.get("node-x") is not None, 10, "the liveliness mismatch")
@@ -359,4 +362,25 @@ async def test_other_version_without_session_auth_is_seen_but_never_a_member(mak
         await other.publish(Topic.COMMANDS, b"from another version")
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
-    assert inbox.messages == [] and first.peers == frozenset()
+    assert inbox.messages == [] and first.peers == frozenset() and other.peers == frozenset()
+    assert "node-0" in other.mismatched_peers
+
+
+async def test_session_auth_members_exchange_messages(make_transport: Any) -> None:
+    first = await make_transport("node-0", session_auth=True)
+    second = await make_transport("node-1", session_auth=True, connect=first.listen_locators)
+    await all_see_each_other([first, second])
+    inbox = Inbox()
+    second.subscribe(Topic.COMMANDS, inbox)
+    await warm_up(first, Topic.COMMANDS, [inbox])
+
+
+async def test_a_failed_start_leaves_nothing_behind(make_transport: Any, version: str) -> None:
+    first = await make_transport("node-0")
+    taken = first.listen_locators[0]  # a port already in use: Zenoh cannot listen there
+    transport = ZenohTransport(loopback_config(version, listen=[taken]))
+    with pytest.raises(Exception):  # noqa: B017 - Zenoh raises its own ZError
+        await transport.start("node-1", {"plane": "control"})
+    assert transport._session is None
+    with pytest.raises(RuntimeError, match="not started"):
+        await transport.publish(Topic.COMMANDS, b"x")

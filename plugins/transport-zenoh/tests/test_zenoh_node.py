@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
-
-from zenoh_helpers import unique_version, wait_until
 
 from skulk_kernel.profiles import Planes, Profile
 from skulk_kernel.topics import Topic
 from skulk_testing.nodes import in_process_node
+from zenoh_helpers import unique_version, wait_until
 
 
 def zenoh_profile(version: str, connect: list[str] | None = None) -> Profile:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-
 from skulk_transport_zenoh import frames
 from skulk_transport_zenoh.config import NETWORK_VERSION, ZenohConfig, effective_network_version
 from skulk_transport_zenoh.frames import Keys, MalformedFrame

@@ -33,7 +33,11 @@ async def startup(node: Any) -> None:
         return
     from .server import serve
 
-    _servers[node.node_id] = await serve(node)
+    try:
+        _servers[node.node_id] = await serve(node)
+    except RuntimeError as exc:
+        # A node that was asked to serve HTTP and cannot is not what the operator wanted.
+        node.fail(str(exc))
 
 
 @hookimpl

@@ -83,14 +83,21 @@ async def serve(node: Any) -> ApiServer:
                             log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the node owns signals
-    task = node.spawn(server.serve(), "http")
-    for _ in range(200):
+
+    async def run() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits the process on a bind error; a node must not
+            raise OSError(f"cannot listen on {node.options.api_host}:{node.options.api_port} "
+                          "(address in use? another node may be running: pass --api-port)") from None
+
+    task = node.spawn(run(), "http")
+    for _ in range(400):
         if server.started or task.done():
             break
         await asyncio.sleep(0.025)
     if task.done() and task.exception() is not None:
-        raise RuntimeError(f"HTTP server could not start on {node.options.api_host}:"
-                           f"{node.options.api_port}: {task.exception()}")
+        raise RuntimeError(f"HTTP API not started: {task.exception()}")
     node.facts["api_available"] = True
     node.facts["api_port"] = node.options.api_port
     log.info("serving HTTP on http://%s:%d", node.options.api_host, node.options.api_port)

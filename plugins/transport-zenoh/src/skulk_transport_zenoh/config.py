@@ -46,8 +46,13 @@ class ZenohConfig(BaseModel):
         default=None, description=f"overrides ${ENV_NETWORK_VERSION} and the built-in NETWORK_VERSION",
     )
     session_auth: bool = Field(
-        default=True,
-        description="derive Zenoh user/password from the network version so other versions cannot connect",
+        default=False,
+        description=(
+            "also derive Zenoh user/password from the network version, so another version is refused "
+            "in the handshake. Off by default: with Zenoh 1.10 it makes gossip-only meshes (explicit "
+            "endpoints, no multicast) miss links under load; the version in every key already keeps "
+            "other versions out. Every node of a cluster must use the same setting."
+        ),
     )
     send_queue: int = Field(default=8192, ge=16, description="bounded send queue per plane (messages)")
     hello_interval_s: float = Field(

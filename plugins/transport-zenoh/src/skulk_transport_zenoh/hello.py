@@ -161,10 +161,11 @@ class HelloService:
             now = time.monotonic()
             if now >= next_probe or self._wake.is_set():
                 self._wake.clear()
-                asker = self._sockets[-1] if self._sockets else None
-                for address in self._targets() if asker is not None else ():
-                    with contextlib.suppress(OSError):
-                        asker.sendto(ask, address)
+                if self._sockets:
+                    asker = self._sockets[-1]
+                    for address in self._targets():
+                        with contextlib.suppress(OSError):
+                            asker.sendto(ask, address)
                 probes += 1
                 # ask quickly at first (peers start together), then every interval
                 next_probe = now + (min(self.interval_s, 1.0) if probes < 5 else self.interval_s)

@@ -327,6 +327,13 @@ class ZenohTransport:
             self._session = zenoh.open(self._zenoh_config())
         finally:
             self._remove_auth_file()  # Zenoh reads it while opening
+        try:
+            self._declare_all()
+        except BaseException:
+            self._close()  # never leave a half-built session (and its threads) behind
+            raise
+
+    def _declare_all(self) -> None:
         session = self._session
         self.zid = str(session.zid())
         self.listen_locators = self._own_locators()
@@ -342,6 +349,7 @@ class ZenohTransport:
         self._alive_sub = session.liveliness().declare_subscriber(
             Keys.ALIVE_ANY_VERSION, self._on_alive, history=True,
         )
+        # the token last: whoever sees this node join can already reach its subscribers and queryables
         self._token = session.liveliness().declare_token(self.keys.alive(self.node_id))
         self._start_hello()
 
@@ -379,7 +387,7 @@ class ZenohTransport:
                     hello.scouted(zid, list(h.locators))
 
             try:
-                self._scout = zenoh.scout(on_hello, what="peer|router", config=scout_cfg)
+                self._scout = zenoh.scout(on_hello, what="peer|router", config=scout_cfg)  # type: ignore[arg-type]
             except Exception as exc:
                 log.info("zenoh scout for version hellos unavailable: %s", exc)
 
@@ -404,7 +412,8 @@ class ZenohTransport:
             lane.stop()
         deadline = time.monotonic() + _FLUSH_ON_STOP_S
         for lane in self._lanes.values():
-            lane.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if lane.thread.ident is not None:
+                lane.thread.join(timeout=max(0.0, deadline - time.monotonic()))
             if lane.thread.is_alive():
                 lane.abandon.set()  # stuck in a blocking put: closing the session releases it
         if self._scout is not None:
@@ -432,7 +441,8 @@ class ZenohTransport:
         except Exception as exc:
             log.warning("closing the zenoh session failed: %s", exc)
         for lane in self._lanes.values():
-            lane.thread.join(timeout=1.0)
+            if lane.thread.ident is not None:
+                lane.thread.join(timeout=1.0)
         self._lanes = {}
         self._session = None
         self._remove_auth_file()
@@ -672,6 +682,8 @@ class ZenohTransport:
             result = handler(node_id, payload)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(_awaited(result), timeout)
+            if not isinstance(result, (bytes, bytearray, memoryview)):
+                raise TypeError(f"a request handler must return bytes, not {type(result).__name__}")
             return bytes(result)
         if self._session is None or self._closing:
             raise RuntimeError("the zenoh transport is not started")
@@ -695,8 +707,10 @@ class ZenohTransport:
         errors: list[str] = []
         handler = self._session.get(
             key, payload=frames.encode(self._sender, payload), timeout=timeout,
-            target=zenoh.QueryTarget.ALL, consolidation=zenoh.QueryConsolidation(zenoh.ConsolidationMode.NONE),
-            congestion_control=zenoh.CongestionControl.BLOCK, priority=getattr(zenoh.Priority, _PRIORITY[Plane.CONTROL]),
+            target=zenoh.QueryTarget.ALL,
+            consolidation=zenoh.QueryConsolidation(zenoh.ConsolidationMode.NONE),
+            congestion_control=zenoh.CongestionControl.BLOCK,
+            priority=getattr(zenoh.Priority, _PRIORITY[Plane.CONTROL]),
             allowed_destination=zenoh.Locality.REMOTE,
         )
         for reply in handler:
@@ -738,10 +752,19 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-@atexit.register
 def _close_leftovers() -> None:
     """A transport never stopped must not keep the interpreter from exiting."""
     for transport in list(_live):
         with contextlib.suppress(Exception):
             transport._closing = True
             transport._close()
+
+
+# Zenoh runs callbacks on Python threads of its own that are not daemons: at exit the interpreter
+# joins those *before* atexit hooks run, so an open session hangs the process there. threading's
+# own pre-join hook (what concurrent.futures uses) runs early enough; atexit is the fallback.
+_register_early = getattr(threading, "_register_atexit", None)
+if _register_early is not None:
+    _register_early(_close_leftovers)
+else:  # pragma: no cover
+    atexit.register(_close_leftovers)
