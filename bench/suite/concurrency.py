@@ -9,13 +9,12 @@ ready the previous instance is deleted, so exactly one instance serves each meas
 
 At level L, L streams start together (a barrier), each with a fresh prompt; aggregate tok/s is the
 batch's tokens over the batch's wall time. Levels below ``min_requests`` repeat the batch so every
-level has at least that many requests. The *knee* is the first level after which raising the
-concurrency adds less than 10% aggregate throughput.
+level has at least that many requests. The *knee* is the smallest level whose aggregate throughput
+is within 10% of the best level's: beyond it more streams only queue (TTFT grows).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
@@ -26,19 +25,20 @@ from .common import Section, log, ratio, summarize
 from .harness import Bench
 from .streams import StreamResult, fresh_prompt, new_client, stream_once
 
-KNEE_GAIN = 1.10
+KNEE_SHARE = 0.90
 
 
 def knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
-    points = [(p["concurrency"], p["aggregate_tok_s"]) for p in levels if p["aggregate_tok_s"]]
-    for (level, thr), (nxt, nthr) in itertools.pairwise(points):
-        if nthr < thr * KNEE_GAIN:
-            return {"concurrency": level, "aggregate_tok_s": thr, "next": nxt, "next_aggregate_tok_s": nthr,
-                    "reached": True}
+    """The smallest concurrency whose aggregate throughput is within 10% of the peak: past it, more
+    streams buy (almost) no throughput, only queueing (TTFT)."""
+    points = [(p["concurrency"], p["aggregate_tok_s"], p["ttft_ms"]["p90"]) for p in levels if p["aggregate_tok_s"]]
     if not points:
         return {"concurrency": None, "reached": False}
-    return {"concurrency": points[-1][0], "aggregate_tok_s": points[-1][1], "reached": False,
-            "note": "throughput still grew >= 10% at the highest level measured"}
+    peak_level, peak, _ = max(points, key=lambda x: x[1])
+    level, thr, ttft_p90 = next(x for x in points if x[1] >= KNEE_SHARE * peak)
+    return {"concurrency": level, "aggregate_tok_s": thr, "ttft_ms_p90": ttft_p90, "peak_concurrency": peak_level,
+            "peak_aggregate_tok_s": peak, "reached": level < points[-1][0],
+            "definition": f"smallest concurrency with aggregate tok/s >= {KNEE_SHARE:.0%} of the peak"}
 
 
 def batch(url: str, model: str, level: int, max_tokens: int, seed: int) -> tuple[list[StreamResult], float]:
@@ -129,7 +129,7 @@ def run(section: Section, bench: Bench) -> None:
     primary = backends.get(started_on, {})
     for backend, data in backends.items():
         k = data.get("knee") or {}
-        section.row(f"{backend} knee (concurrency)", k.get("concurrency"), "streams",
+        section.row(f"{backend} knee (>= 90% of peak tok/s)", k.get("concurrency"), "streams",
                     goal=None if k.get("reached", False) else "not reached")
         for point in data.get("levels", []):
             section.row(f"{backend} x{point['concurrency']} aggregate", point["aggregate_tok_s"], "tok/s",

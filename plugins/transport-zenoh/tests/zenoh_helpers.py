@@ -62,6 +62,16 @@ async def wait_until(check: Callable[[], bool], timeout: float, what: str) -> fl
     return time.monotonic() - started
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies, even while SIGSTOPped (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 class PeerProcess:
     """zenoh_peer.py in its own process group; JSON lines from its stdout collected on a thread."""
 
@@ -77,7 +87,7 @@ class PeerProcess:
         if tick:
             cmd.append("--tick")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         self.stderr: list[str] = []
