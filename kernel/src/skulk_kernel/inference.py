@@ -137,7 +137,8 @@ class InferenceHandle:
 
 # Errors that arrive as the first chunk but belong before the response: code -> HTTP status.
 _EARLY_ERRORS = {"context_length_exceeded": 400, "invalid_request": 400, "model_not_placed": 404,
-                 "instance_not_ready": 503, "instance_gone": 503}
+                 "instance_not_ready": 503, "instance_gone": 503, "master_changed": 503, "node_gone": 503,
+                 "runner_crashed": 503}
 
 
 async def _start(node: Node, command: TextGeneration | TextEmbedding) -> InferenceHandle:

@@ -191,7 +191,8 @@ class Node:
         self.master_id = master_id
         if previous is not None:
             # A new master starts a new session that cannot carry the old one's requests.
-            self.streams.fail_all(f"the cluster master changed (was {previous}); please retry")
+            self.streams.fail_all(f"the cluster master changed (was {previous}); please retry",
+                                  code="master_changed")
         if master_id is not None and master_id != self.node_id:
             self.request_sync()
         await self.hooks.acall("on_master_changed", node=self, master_node_id=master_id,

@@ -90,9 +90,9 @@ class StreamRouter:
         if stream is not None:
             stream.fail(message, **kwargs)
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, code: str | None = None) -> None:
         for stream in list(self._streams.values()):
-            stream.fail(message)
+            stream.fail(message, code=code)
 
     def open_ids(self) -> list[str]:
         return list(self._streams)

@@ -230,6 +230,10 @@ def add_control_routes(app: Any, node: Any) -> None:
             "eventLog": dataclasses.asdict(log_status) if log_status is not None else None,
             "hookFailures": [{"hook": h, "plugin": p, "error": e} for h, p, e in node.hooks.failures[-20:]],
             "openStreams": len(node.streams.open_ids()),
+            "stateHash": node.state.state_hash(),
+            "transports": {plane: (t.describe() if hasattr(t, "describe") else {"name": t.name})
+                           for plane, t in node.transports.items()},
+            "healthNotes": node.health_notes,
             "lastEventAppliedIdx": node.state.last_event_applied_idx,
         }
 

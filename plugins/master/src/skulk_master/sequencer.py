@@ -90,6 +90,7 @@ class Master:
         """Seed from the replicated State (or the event log when this node is alone)."""
         self.state = self.node.state
         self.node.event_log.rebase(self.state.last_event_applied_idx, self.state.wire())
+        self._defaults_placed = False  # judged against this session's State, not a previous one
         self.active = True
         log.info("master session begins at event %d", self.state.last_event_applied_idx)
         # Requests of the previous session cannot be carried over: their streams were failed on
