@@ -103,7 +103,7 @@ class Cluster:
             rt = _runtime(node)
             return rt["lastEventAppliedIdx"] >= target and rt["runtime"]["masterNodeId"] == master_id
 
-        nodes.wait_for(synced, 60, "the joining node to catch up", 0.05)
+        nodes.wait_for(synced, min(60.0, self.bench.settings.startup_timeout_s), "the joining node to catch up", 0.05)
         total = time.perf_counter() - t0
         self.members.append(node)
         return node, {"log_length": target + 1, "api_up_s": round(api_s, 3), "synced_s": round(total, 3),
@@ -134,7 +134,7 @@ def _grow_log(master: NodeProcess, target: int, threads: int = 6) -> dict[str, A
     for t in pool:
         t.start()
     try:
-        nodes.wait_for(lambda: _runtime(master)["lastEventAppliedIdx"] + 1 >= target, 600, "the log to grow", 0.2)
+        nodes.wait_for(lambda: _runtime(master)["lastEventAppliedIdx"] + 1 >= target, 180, "the log to grow", 0.2)
     finally:
         stop.set()
         for t in pool:
@@ -145,20 +145,31 @@ def _grow_log(master: NodeProcess, target: int, threads: int = 6) -> dict[str, A
             "events_per_s": round((end_idx - start_idx) / took, 1) if took else None}
 
 
-def _command_latency(node: NodeProcess, count: int) -> list[float]:
-    out = []
-    with httpx.Client(timeout=30) as client:
+def _command_latency(node: NodeProcess, count: int) -> tuple[list[float], int]:
+    """Milliseconds per applied command; gives up after 3 failures in a row. Returns (times, failures)."""
+    out: list[float] = []
+    failures = streak = 0
+    with httpx.Client(timeout=12) as client:
         enabled = bool(client.get(node.url + "/v1/tracing").json()["enabled"])
         for _ in range(count):
             enabled = not enabled
             t0 = time.perf_counter()
-            r = client.put(node.url + "/v1/tracing", json={"enabled": enabled})
+            try:
+                ok = client.put(node.url + "/v1/tracing", json={"enabled": enabled}).status_code == 200
+            except httpx.HTTPError:
+                ok = False
             took = time.perf_counter() - t0
-            if r.status_code == 200:
+            if ok:
                 out.append(took * 1000)
-            else:  # not applied in time: start again from the value the node has
-                enabled = bool(client.get(node.url + "/v1/tracing").json()["enabled"])
-    return out
+                streak = 0
+                continue
+            failures += 1
+            streak += 1
+            if streak >= 3:
+                break
+            # not applied in time: start again from the value the node has
+            enabled = bool(client.get(node.url + "/v1/tracing").json()["enabled"])
+    return out, failures
 
 
 def _agreed(survivors: list[NodeProcess]) -> str | None:
@@ -215,12 +226,16 @@ def _failover(cluster: Cluster, mode: str, recovery_timeout: float) -> dict[str,
                 pass
             time.sleep(0.05)
         if out["command_applied_s"] is not None:
-            placed = client.post(leader.url + "/place_instance", json={"model_id": MODEL}, timeout=30)
-            out["replace_status"] = placed.status_code
+            try:
+                placed = client.post(leader.url + "/place_instance", json={"model_id": MODEL},
+                                     timeout=max(0.5, deadline - time.monotonic()))
+                out["replace_status"] = placed.status_code
+            except httpx.HTTPError as exc:
+                out["replace_status"] = f"{type(exc).__name__}"
             with new_client() as streams:
                 while time.monotonic() < deadline:
                     got = stream_once(streams, survivors[0].url, "chat", MODEL, "after failover one two three", 3,
-                                      timeout=10)
+                                      timeout=max(0.5, deadline - time.monotonic()))
                     if got.ok:
                         out["first_token_s"] = round(got.started_at + (got.ttft_s or 0) - t0, 3)
                         break
@@ -245,16 +260,26 @@ def run(section: Section, bench: Bench) -> None:
         section.skip(f"skipped: the cluster section serves the echo engine and {ENGINE} is not installed")
         return
     cluster = Cluster(bench)
+    t_section = time.perf_counter()
+    phases: dict[str, float] = {}
+    section.results["phases_s"] = phases
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.perf_counter() - t_section, 2)
+        log(f"   [{name}]")
+
     section.context = {"engine": ENGINE, "model": MODEL, "plugins": {p: installed[p] for p in REQUIRED},
                        "transport": "zenoh over loopback TCP, multicast scouting off, defaults otherwise",
                        "network_version": cluster.version, "tokens_per_request": s.cluster_tokens}
     try:
         seed = cluster.start_seed()
         section.results["seed_ready_s"] = round(cluster.seed_ready_s, 3)
+        phase("seed ready")
         follower, first_join = cluster.join(seed)
         joins = [first_join]
         log(f"   joined at log length {first_join['log_length']}: {first_join['synced_s']} s")
 
+        phase("second node joined")
         # -- per-token overhead through a remote API node ---------------------------------------------
         prompt = _words(s.cluster_tokens)
         local: list[StreamResult] = []
@@ -265,7 +290,8 @@ def run(section: Section, bench: Bench) -> None:
             for r in range(s.cluster_rounds):
                 order = ((seed, local), (follower, remote)) if r % 2 == 0 else ((follower, remote), (seed, local))
                 for node, bucket in order:
-                    bucket.append(stream_once(client, node.url, "chat", MODEL, f"{r} {prompt}", s.cluster_tokens))
+                    bucket.append(stream_once(client, node.url, "chat", MODEL, f"{r} {prompt}", s.cluster_tokens,
+                                              timeout=30))
 
         def per_token_ms(results: list[Any]) -> float | None:
             spans = [(x.n_tokens - 1, x.decode_span_s) for x in results if x.ok and x.decode_span_s]
@@ -294,11 +320,13 @@ def run(section: Section, bench: Bench) -> None:
         section.row("TTFT p50 remote API node", section.results["remote_api"]["remote_ttft_ms_p50"], "ms",
                     baseline=section.results["remote_api"]["local_ttft_ms_p50"], ratio=ratio(rt, lt))
 
+        phase("remote API measured")
         # -- command latency ---------------------------------------------------------------------------
-        on_master = _command_latency(seed, s.cluster_commands)
-        on_follower = _command_latency(follower, s.cluster_commands)
+        on_master, failed_master = _command_latency(seed, s.cluster_commands)
+        on_follower, failed_follower = _command_latency(follower, s.cluster_commands)
         cm, cf = summarize(on_master, 2), summarize(on_follower, 2)
         section.results["command_latency_ms"] = {"on_master": cm, "on_follower": cf,
+                                                 "failed": {"on_master": failed_master, "on_follower": failed_follower},
                                                  "command": "PUT /v1/tracing (SetTracingEnabled), applied"}
         section.add_ratio("command_latency_follower_vs_master_p50", ratio(cf["p50"], cm["p50"]),
                           "command latency p50 on the master")
@@ -306,6 +334,7 @@ def run(section: Section, bench: Bench) -> None:
         section.row("command latency p50/p99 on follower", f"{cf['p50']}/{cf['p99']}", "ms",
                     ratio=ratio(cf["p50"], cm["p50"]))
 
+        phase("command latency measured")
         # -- join time vs log length -------------------------------------------------------------------
         growth = []
         for target in s.cluster_log_targets:
@@ -328,6 +357,7 @@ def run(section: Section, bench: Bench) -> None:
             section.row(f"join at log length {j['log_length']}", j["synced_s"], "s",
                         baseline=first["synced_s"], ratio=ratio(j["synced_s"], first["synced_s"]))
 
+        phase("joins measured")
         # -- failover ----------------------------------------------------------------------------------
         failovers = []
         for mode in s.cluster_failover:
@@ -343,6 +373,8 @@ def run(section: Section, bench: Bench) -> None:
             section.row(f"failover {result['mode']} -> first token (re-placed)", result["first_token_s"], "s",
                         goal=None if result["first_token_s"] is not None else "FAILED")
         section.results["failover"] = failovers
+        phase("failover measured")
     finally:
         for node in list(cluster.members):
             cluster.leave(node)
+        phase("members stopped")

@@ -211,5 +211,8 @@ def run_section(section: Section, body: Callable[[Section], None], log: Callable
     return section
 
 
+_T0 = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(f"[{time.monotonic() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)

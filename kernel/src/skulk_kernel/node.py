@@ -384,6 +384,10 @@ class Node:
                                       "cluster", code="node_gone")
         await self._report_edges()
 
+    def reachable_nodes(self) -> set[str]:
+        """This node and every peer its control transport holds a live session with."""
+        return {self.node_id, *self._peers}
+
     async def _report_edges(self) -> None:
         """Report this node's live transport sessions as topology edges until State agrees.
 

@@ -18,13 +18,22 @@ if TYPE_CHECKING:
     from .node import Node
 
 
+STALE_AFTER_S = 2.5 * 2.0  # readings go stale after two heartbeat intervals (plus jitter)
+
+
 def capacities(node: Node) -> dict[str, NodeCapacity]:
-    """Live telemetry of every node that has reported both memory and backends."""
+    """Fresh telemetry of every node that has reported both memory and backends.
+
+    A node whose readings went stale, or whose transport session is gone (dead, frozen or cut off),
+    is not a candidate even before the master prunes it: placing on it would only produce an
+    instance that never becomes ready.
+    """
     caps = {}
     resources = node.readings.latest(NodeResources)
+    reachable = node.reachable_nodes()
     for node_id, received in node.readings.latest(NodeMemory).items():
         res = resources.get(node_id)
-        if res is None:
+        if res is None or received.age_s > STALE_AFTER_S or node_id not in reachable:
             continue
         mem = received.reading
         caps[node_id] = NodeCapacity(

@@ -364,7 +364,7 @@ class Master:
         last_event = self.state.last_seen.get(node_id)
         events.append(ev.NodeTimedOut(
             node_id=NodeId(node_id), heartbeat_age_s=age, timeout_s=self.config.node_timeout_s,
-            last_event_age_s=(datetime.now(timezone.utc) - last_event).total_seconds() if last_event else None))
+            last_event_age_s=(datetime.now(UTC) - last_event).total_seconds() if last_event else None))
         log.warning("pruning node %s (silent for %s s); %d instance(s) lost", node_id,
                     "?" if age is None else f"{age:.1f}", len(lost))
         await self._fail_streams(events)

@@ -1,0 +1,126 @@
+"""Several real node processes on this host forming one cluster over Zenoh.
+
+Each cluster gets its own network version (a fresh value of SKULK_NETWORK_VERSION), so clusters
+of different tests, or an operator's own nodes on this machine, never join each other.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skulk_testing.nodes import NodeProcess, start_node
+
+ECHO_PROFILE = """
+[profile]
+name = "cluster-echo"
+plugins = ["transport-zenoh", "election-bully", "master", "worker", "engine-echo", "store",
+           "api-control", "api-openai"]
+
+[planes]
+control = "zenoh"
+
+[plugins.master]
+default_models = {default_models}
+node_timeout_s = {timeout}
+
+[plugins.transport-zenoh]
+multicast_scouting = {multicast}
+"""
+
+
+class Cluster:
+    def __init__(self, tmp: Path, profile: Path, version: str, env: dict[str, str]) -> None:
+        self.tmp = tmp
+        self.profile = profile
+        self.version = version
+        self.env = env
+        self.nodes: list[NodeProcess] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
+        node = start_node(str(self.profile), "--node-name", f"n{len(self.nodes)}", *args,
+                          home=self.tmp / f"node{len(self.nodes)}",
+                          env={"SKULK_NETWORK_VERSION": self.version, **self.env, **(env or {})})
+        self.nodes.append(node)
+        return node
+
+    def alive(self) -> list[NodeProcess]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def node_id(self, node: NodeProcess) -> str:
+        return node.get("/node_id").json()
+
+    def by_id(self, node_id: str) -> NodeProcess:
+        return next(n for n in self.alive() if self.node_id(n) == node_id)
+
+    def diag(self, node: NodeProcess) -> dict[str, Any]:
+        return node.get("/v1/diagnostics/node").json()
+
+    def agreed(self, nodes: list[NodeProcess] | None = None) -> tuple[str, str] | None:
+        """(master, state hash) when every node reports the same, with everyone in the topology."""
+        nodes = nodes or self.alive()
+        views = [self.diag(n) for n in nodes]
+        masters = {v["runtime"]["masterNodeId"] for v in views}
+        hashes = {v["stateHash"] for v in views}
+        members = {len(n.state()["topology"]["nodes"]) for n in nodes}
+        if len(masters) == 1 and None not in masters and len(hashes) == 1 and members == {len(nodes)}:
+            return masters.pop(), hashes.pop()
+        return None
+
+    def wait_agreed(self, timeout: float = 60, nodes: list[NodeProcess] | None = None) -> tuple[str, str]:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                found = self.agreed(nodes)
+            except Exception as exc:  # a node still starting
+                found, last = None, exc
+            if found:
+                return found
+            time.sleep(0.3)
+        views = []
+        for n in nodes or self.alive():
+            try:
+                d = self.diag(n)
+                views.append((n.api_port, d["runtime"]["masterNodeId"], d["lastEventAppliedIdx"], d["stateHash"][:8]))
+            except Exception as exc:
+                views.append((n.api_port, repr(exc)))
+        raise TimeoutError(f"cluster did not agree in {timeout}s: {views} {last!r}\n"
+                           + "\n".join(n.log()[-1500:] for n in self.alive()))
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(default_models: tuple[str, ...] = ("skulk/echo",), timeout: float = 30.0, multicast: bool = True,
+             profile_text: str | None = None, env: dict[str, str] | None = None) -> Cluster:
+        profile = tmp_path / f"profile{len(made)}.toml"
+        text = profile_text or ECHO_PROFILE
+        profile.write_text(text.format(default_models=list(default_models).__repr__().replace("'", '"'),
+                                       timeout=timeout, multicast=str(multicast).lower()))
+        cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {})
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.stop()
+
+
+def instance_nodes(state: dict[str, Any]) -> dict[str, list[str]]:
+    """instance id -> the node ids it runs on."""
+    out = {}
+    for iid, wrapped in state["instances"].items():
+        inst = next(iter(wrapped.values()))
+        out[iid] = list(inst["shardAssignments"]["nodeToRunner"])
+    return out
