@@ -275,3 +275,17 @@ node_timeout_s = {timeout}
 [plugins.transport-zenoh]
 multicast_scouting = {multicast}
 """
+
+
+def test_cluster_diagnostics_agree_from_every_node(cluster_factory):
+    cluster = cluster_factory(default_models=("skulk/echo",))
+    for _ in range(2):
+        cluster.start()
+    master_id, state_hash = cluster.wait_agreed(60)
+    cluster.nodes[0].wait_ready("skulk/echo", 60)
+    views = [n.get("/v1/diagnostics/cluster").json() for n in cluster.nodes]
+    for view in views:
+        assert view["masterNodeId"] == master_id
+        assert {n["nodeId"] for n in view["nodes"]} == {cluster.node_id(n) for n in cluster.nodes}
+        assert all(n["reachable"] and n["health"]["level"] == "ok" for n in view["nodes"])
+        assert sum(len(n["instances"]) for n in view["nodes"]) == 1

@@ -220,6 +220,33 @@ def add_control_routes(app: Any, node: Any) -> None:
         await node.wait_for(lambda s: s.tracing_enabled == body["enabled"], 10)
         return {"enabled": body["enabled"]}
 
+    @app.get("/v1/diagnostics/cluster")
+    async def cluster_diagnostics() -> dict[str, Any]:
+        """The cluster as this node sees it: members, liveness, health, placements, edges."""
+        view = state_view(node)
+        members = sorted(set(node.state.topology.nodes) | node.readings.nodes())
+        nodes = []
+        for nid in members:
+            heard = node.readings.last_heard(nid)
+            identity = view["nodeIdentities"].get(nid, {})
+            hosted = [iid for iid, inst in node.state.instances.items()
+                      if nid in inst.shard_assignments.node_to_runner]
+            nodes.append({
+                "nodeId": nid, "friendlyName": identity.get("friendlyName"),
+                "skulkVersion": identity.get("skulkVersion"), "isMaster": nid == node.master_id,
+                "inTopology": nid in node.state.topology.nodes, "reachable": nid in node.reachable_nodes(),
+                "lastHeardS": None if heard is None else round(heard, 2),
+                "health": view["nodeHealth"].get(nid), "instances": hosted,
+                "backends": view["nodeResources"].get(nid, {}).get("backends", []),
+                "ramAvailable": view["nodeMemory"].get(nid, {}).get("ramAvailable", {}).get("inBytes"),
+            })
+        return {
+            "observerNodeId": node.node_id, "masterNodeId": node.master_id,
+            "lastEventAppliedIdx": node.state.last_event_applied_idx, "stateHash": node.state.state_hash(),
+            "nodes": nodes, "connections": [c.wire() for c in node.state.topology.connections],
+            "instanceFailures": [f.wire() for f in node.state.instance_failures[-20:]],
+        }
+
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> dict[str, Any]:
         worker = node.extensions.get("worker")
