@@ -60,6 +60,9 @@ class Bench:
     model_info: dict[str, Any] = field(default_factory=dict)
     node_start_s: float | None = None
 
+    def __post_init__(self) -> None:
+        nodes.SCRATCH[:] = [self.scratch]  # every node home, profile and models copy lives under it
+
     def env(self, models_dir: Path | None = None) -> dict[str, str]:
         return {"SKULK_MODELS_DIR": str(models_dir or self.settings.models_dir), "HF_HUB_OFFLINE": "1"}
 

@@ -28,11 +28,12 @@ import httpx
 from skulk_testing.nodes import NodeProcess, free_port
 
 STARTED: list[NodeProcess] = []
-SCRATCH = Path(tempfile.gettempdir())
+SCRATCH: list[Path] = []  # the run's scratch folder (set by the Bench; removed when it closes)
 
 
 def scratch_dir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"skulk-bench-{prefix}-", dir=SCRATCH))
+    parent = SCRATCH[0] if SCRATCH else Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=parent))
 
 
 class BenchNode(NodeProcess):

@@ -235,3 +235,32 @@ def test_readme_first_command_is_the_default_profile():
     out = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "profile", "show", "cpu-llamacpp"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_one_instance_answers_through_all_four_formats(llama_node):
+    """One placed model, one greedy prompt, four wire formats: the same words come back."""
+    import anthropic
+    import ollama
+
+    prompt = "Name three primary colours."
+    instances = llama_node.ready_instances(CHAT_MODEL)
+    assert len(instances) == 1
+    chat = openai.OpenAI(base_url=llama_node.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    via_chat = chat.chat.completions.create(model=CHAT_MODEL, max_tokens=24, temperature=0,
+                                            messages=[{"role": "user", "content": prompt}])
+    via_responses = chat.responses.create(model=CHAT_MODEL, max_output_tokens=24, temperature=0, input=prompt)
+    claude = anthropic.Anthropic(base_url=llama_node.url, api_key="x", max_retries=0, timeout=120)
+    via_messages = claude.messages.create(model=CHAT_MODEL, max_tokens=24, extra_body={"temperature": 0},
+                                          messages=[{"role": "user", "content": prompt}])
+    via_ollama = ollama.Client(host=llama_node.url).chat(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": prompt}], stream=False,
+        options={"temperature": 0, "num_predict": 24})
+    answers = [
+        via_chat.choices[0].message.content,
+        via_responses.output_text,
+        "".join(block.text for block in via_messages.content if block.type == "text"),
+        via_ollama.message.content,
+    ]
+    assert all(a and a.strip() for a in answers), answers
+    assert len(set(answers)) == 1, answers  # greedy decoding on one instance: identical text
+    assert llama_node.ready_instances(CHAT_MODEL) == instances
