@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pids = nodes.started_pids()
         bench.close()
-        report["harness"] = {"node_pids": pids, "nodes_started": len(pids),
+        report["harness"] = {"node_pids": pids, "nodes_started": len(pids), "network_version": bench.network_version,
                              "all_stopped": all(not nodes.alive(n) for n in nodes.STARTED)}
         report["model"] = model_block(bench)
         report["finished_at"] = utc_now()

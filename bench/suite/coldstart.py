@@ -29,7 +29,7 @@ def one_start(bench: Bench, label: str, models_dir: Path, *extra: str) -> dict[s
     home = nodes.scratch_dir(f"cold-{label}")
     client = new_client()
     t0 = time.perf_counter()
-    node = nodes.start(s.profile, *extra, home=home, env=bench.env(models_dir))
+    node = nodes.start(s.profile, *extra, home=home, env=bench.env(models_dir, isolate=f"cold-{label}"))
     out: dict[str, Any] = {"label": label}
     try:
         nodes.wait_for(lambda: node.get("/node_id", timeout=1).status_code == 200, s.startup_timeout_s,
@@ -87,26 +87,27 @@ def run(section: Section, bench: Bench) -> None:
     else:
         fresh = nodes.scratch_dir("models")
         try:
-            t0 = time.perf_counter()
-            nodes.link_or_copy_tree(wheels, fresh / ".cache" / "wheels")
-            copy_s = time.perf_counter() - t0
-            sample = one_start(bench, "fresh-models-dir", fresh, "--offline")
-        except Exception as exc:  # the provisioned starts above still stand
-            section.results["first_provisioning"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:1500]}
-            log(f"   first-ever start failed: {type(exc).__name__}")
-            sample = None
-        try:
-            if sample is None:
-                return
-            warm = percentile([x["first_token_s"] for x in samples], 50)
-            extra = None if warm is None else round(sample["first_token_s"] - warm, 3)
-            section.results["first_provisioning"] = {"status": "ok", "cache_copy_s": round(copy_s, 3), **sample,
-                                                     "extra_over_provisioned_s": extra}
-            log(f"   first-ever start (fresh models dir): first token {sample['first_token_s']} s "
-                f"(+{extra} s provisioning)")
-            section.row("first-ever start -> first token", sample["first_token_s"], "s",
-                        baseline=warm, ratio=None if not warm else round(sample["first_token_s"] / warm, 3))
-            section.add_ratio("first_ever_vs_provisioned_start", None if not warm else
-                              round(sample["first_token_s"] / warm, 3), "provisioned cold start p50")
+            _first_ever(section, bench, samples, wheels, fresh)
         finally:
             shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _first_ever(section: Section, bench: Bench, samples: list[dict[str, Any]], wheels: Path, fresh: Path) -> None:
+    t0 = time.perf_counter()
+    try:
+        nodes.link_or_copy_tree(wheels, fresh / ".cache" / "wheels")
+        copy_s = time.perf_counter() - t0
+        sample = one_start(bench, "fresh-models-dir", fresh, "--offline")
+    except Exception as exc:  # the provisioned starts measured before still stand
+        section.results["first_provisioning"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:1500]}
+        log(f"   first-ever start failed: {type(exc).__name__}")
+        return
+    warm = percentile([x["first_token_s"] for x in samples], 50)
+    extra = None if warm is None else round(sample["first_token_s"] - warm, 3)
+    section.results["first_provisioning"] = {"status": "ok", "cache_copy_s": round(copy_s, 3), **sample,
+                                             "extra_over_provisioned_s": extra}
+    log(f"   first-ever start (fresh models dir): first token {sample['first_token_s']} s (+{extra} s provisioning)")
+    section.row("first-ever start -> first token", sample["first_token_s"], "s",
+                baseline=warm, ratio=None if not warm else round(sample["first_token_s"] / warm, 3))
+    section.add_ratio("first_ever_vs_provisioned_start", None if not warm else round(sample["first_token_s"] / warm, 3),
+                      "provisioned cold start p50")

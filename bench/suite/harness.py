@@ -15,8 +15,18 @@ from skulk_testing.nodes import NodeProcess
 from . import nodes
 from .common import log
 
+#: Seconds of idle time between a node's last runner becoming ready and the first measurement.
+SETTLE_S = 3.0
+
 #: API adapters the serving node gets on top of the profile when they are installed.
 EXTRA_API_PLUGINS = ("api-anthropic", "api-ollama")
+
+
+def all_runners_ready(node: NodeProcess) -> bool:
+    state = node.state()
+    statuses = [next(iter(s)) for s in state["runners"].values()]
+    return bool(statuses) and all(s in ("RunnerReady", "RunnerRunning") for s in statuses) and \
+        len(statuses) >= len(state["instances"])
 
 
 @dataclass
@@ -60,11 +70,17 @@ class Bench:
     model_info: dict[str, Any] = field(default_factory=dict)
     node_start_s: float | None = None
 
+    network_version: str = field(default_factory=lambda: f"bench-{os.getpid()}-{int(time.time())}")
+
     def __post_init__(self) -> None:
         nodes.SCRATCH[:] = [self.scratch]  # every node home, profile and models copy lives under it
 
-    def env(self, models_dir: Path | None = None) -> dict[str, str]:
-        return {"SKULK_MODELS_DIR": str(models_dir or self.settings.models_dir), "HF_HUB_OFFLINE": "1"}
+    def env(self, models_dir: Path | None = None, isolate: str = "") -> dict[str, str]:
+        """The environment of a bench node. A network version of this run's own keeps profiles that
+        join the LAN cluster (zenoh with multicast scouting) from joining any other cluster on the
+        host (tests, other runs); `isolate` gives one node a version of its own."""
+        return {"SKULK_MODELS_DIR": str(models_dir or self.settings.models_dir), "HF_HUB_OFFLINE": "1",
+                "SKULK_NETWORK_VERSION": f"{self.network_version}{'-' + isolate if isolate else ''}"}
 
     def serving_node(self) -> NodeProcess:
         """The node the serving and concurrency sections measure: the profile plus the installed API
@@ -83,6 +99,9 @@ class Bench:
         node.wait_api(timeout=self.settings.startup_timeout_s)
         node.wait_ready(self.settings.model, timeout=self.settings.startup_timeout_s)
         self.node_start_s = time.perf_counter() - started
+        # measure a settled node: every default model loaded (not just ours), start-up bursts over
+        nodes.wait_for(lambda: all_runners_ready(node), self.settings.startup_timeout_s, "every runner to be ready", 0.2)
+        time.sleep(SETTLE_S)
         self.model_info = self.describe_model(node)
         return node
 

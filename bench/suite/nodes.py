@@ -112,7 +112,7 @@ def derived_profile(base: str, extra_plugins: list[str], path: Path,
     text = profile_toml(f"bench-{prof.name}", plugins, planes, config,
                         f"{prof.name} plus {', '.join(extra_plugins) or 'nothing'} (written by bench/run.py)")
     path.write_text(text)
-    return path, {"base": prof.name, "source": prof.source, "plugins": plugins, "config": config,
+    return path, {"base": prof.name, "source": prof.source, "plugins": plugins, "planes": planes, "config": config,
                   "path": str(path)}
 
 

@@ -16,10 +16,10 @@ import pytest
 
 from skulk_testing.nodes import NodeProcess, start_node
 
-ECHO_PROFILE = """
+PROFILE = """
 [profile]
-name = "cluster-echo"
-plugins = ["transport-zenoh", "election-bully", "master", "worker", "engine-echo", "store",
+name = "cluster-test"
+plugins = ["transport-zenoh", "election-bully", "master", "worker", "{engine}", "store",
            "api-control", "api-openai"]
 
 [planes]
@@ -103,11 +103,10 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(default_models: tuple[str, ...] = ("skulk/echo",), timeout: float = 30.0, multicast: bool = True,
-             profile_text: str | None = None, env: dict[str, str] | None = None) -> Cluster:
+             engine: str = "engine-echo", env: dict[str, str] | None = None) -> Cluster:
         profile = tmp_path / f"profile{len(made)}.toml"
-        text = profile_text or ECHO_PROFILE
-        profile.write_text(text.format(default_models=list(default_models).__repr__().replace("'", '"'),
-                                       timeout=timeout, multicast=str(multicast).lower()))
+        profile.write_text(PROFILE.format(default_models=list(default_models).__repr__().replace("'", '"'),
+                                          timeout=timeout, multicast=str(multicast).lower(), engine=engine))
         cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {})
         made.append(cluster)
         return cluster

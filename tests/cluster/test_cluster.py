@@ -241,7 +241,7 @@ def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_
     from tests.conftest import CHAT_MODEL
 
     cluster = cluster_factory(default_models=(), env={"SKULK_MODELS_DIR": str(models_dir)},
-                              profile_text=LLAMA_PROFILE)
+                              engine="engine-llamacpp")
     a, b, c = cluster.start(), cluster.start(), cluster.start()
     cluster.wait_agreed(60)
     a_id, b_id, c_id = (cluster.node_id(n) for n in (a, b, c))
@@ -258,23 +258,6 @@ def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_
                 reasons.append(chunk.choices[0].finish_reason)
     assert text.strip() and reasons in (["stop"], ["length"])
 
-
-LLAMA_PROFILE = """
-[profile]
-name = "cluster-llama"
-plugins = ["transport-zenoh", "election-bully", "master", "worker", "engine-llamacpp", "store",
-           "api-control", "api-openai"]
-
-[planes]
-control = "zenoh"
-
-[plugins.master]
-default_models = {default_models}
-node_timeout_s = {timeout}
-
-[plugins.transport-zenoh]
-multicast_scouting = {multicast}
-"""
 
 
 def test_cluster_diagnostics_agree_from_every_node(cluster_factory):

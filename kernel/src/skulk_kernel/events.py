@@ -128,29 +128,6 @@ class PluginDataSet(Tagged):
     value: Any = None
 
 
-Event = tagged_union(
-    InstanceCreated,
-    InstanceDeleted,
-    InstanceFailureRecorded,
-    RunnerStatusUpdated,
-    TaskCreated,
-    TaskAcknowledged,
-    TaskStatusUpdated,
-    TaskFailed,
-    TaskDeleted,
-    NodeJoined,
-    NodeTimedOut,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
-    DownloadPending,
-    DownloadCompleted,
-    DownloadFailed,
-    CustomModelCardAdded,
-    CustomModelCardDeleted,
-    TracingStateChanged,
-    PluginDataSet,
-)
-
 EVENT_TYPES: tuple[type[Tagged], ...] = (
     InstanceCreated,
     InstanceDeleted,
@@ -173,6 +150,7 @@ EVENT_TYPES: tuple[type[Tagged], ...] = (
     TracingStateChanged,
     PluginDataSet,
 )
+Event = tagged_union(*EVENT_TYPES)
 
 
 class IndexedEvent(WireModel):
