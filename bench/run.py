@@ -85,7 +85,7 @@ def default_models_dir() -> Path:
 def settings_from(args: argparse.Namespace) -> Settings:
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     presets: dict[str, dict[str, Any]] = {
-        "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=16, ttft_probes=24,
+        "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=16, ttft_probes=40,
                      serving_max_tokens=128, format_rounds=5, concurrency_levels=[1, 2, 4, 8, 16],
                      concurrency_max_tokens=64, concurrency_min_requests=4, cold_starts=3, measure_provisioning=True,
                      cluster_tokens=200, cluster_rounds=10, cluster_commands=200, cluster_log_targets=[1000, 4000],

@@ -100,7 +100,7 @@ class Bench:
         node.wait_ready(self.settings.model, timeout=self.settings.startup_timeout_s)
         self.node_start_s = time.perf_counter() - started
         # measure a settled node: every default model loaded (not just ours), start-up bursts over
-        nodes.wait_for(lambda: all_runners_ready(node), self.settings.startup_timeout_s, "every runner to be ready", 0.2)
+        nodes.wait_for(lambda: all_runners_ready(node), self.settings.startup_timeout_s, "every runner ready", 0.2)
         time.sleep(SETTLE_S)
         self.model_info = self.describe_model(node)
         return node

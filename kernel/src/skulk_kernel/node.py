@@ -468,6 +468,11 @@ class Node:
             self._event_log.close()
         log.info("node %s stopped", self.node_id)
 
+    @property
+    def stopping(self) -> bool:
+        """True once the node has been asked to stop (plugins must not start new work)."""
+        return self._stop is not None and self._stop.is_set()
+
     def request_stop(self) -> None:
         if self._stop is not None:
             self._stop.set()

@@ -98,3 +98,23 @@ def test_concurrent_requests_all_complete(node_factory, echo_profile):
     for t in threads:
         t.join(60)
     assert results == {i: f"request number {i}" for i in range(12)}
+
+
+def test_runners_die_with_a_node_killed_outright(node_factory, echo_profile):
+    """kill -9 of the node process alone: its runner must not linger as an orphan."""
+    node = node_factory(echo_profile()).wait_api().wait_ready("skulk/echo")
+    pids = runner_pids(node)
+    os.kill(node.pid(), signal.SIGKILL)
+    node.proc.wait(10)
+    deadline = time.monotonic() + 10
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    assert not alive, f"orphaned runners {alive}"

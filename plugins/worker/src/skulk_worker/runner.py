@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -110,9 +112,25 @@ class _Serving:
         return status
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """A runner never outlives its node: if the node is killed outright (kill -9), the runner
+    (and the engine memory it holds) goes too, instead of lingering as an orphan."""
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def runner_main(profile: Profile, engine_name: str, spec: RunnerSpec, context_limit: int,
-                inq: Any, outq: Any) -> None:
+                inq: Any, outq: Any, parent_pid: int | None = None) -> None:
     """The subprocess entry point (must stay importable without side effects)."""
+    # Ctrl-C in a terminal reaches the whole process group; the node stops its runners itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)-7s runner[{os.getpid()}] "
                         "%(name)s: %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

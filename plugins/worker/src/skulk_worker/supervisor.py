@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -66,7 +67,7 @@ class RunnerSupervisor:
         self.inq, self.outq = _SPAWN.Queue(), _SPAWN.Queue()
         self.process = _SPAWN.Process(
             target=runner_main,
-            args=(self.profile, self.engine_name, self.spec, self.context_limit, self.inq, self.outq),
+            args=(self.profile, self.engine_name, self.spec, self.context_limit, self.inq, self.outq, os.getpid()),
             name=f"skulk-runner-{self.runner_id[:8]}", daemon=True,
         )
         self.process.start()
@@ -125,7 +126,7 @@ class RunnerSupervisor:
     async def _on_exit(self, process: Any) -> None:
         code = process.exitcode
         await self._fail_in_flight(f"the runner process exited unexpectedly (exit code {code})")
-        if self.stopping or process is not self.process:
+        if self.stopping or process is not self.process or self.node.stopping:
             return
         now = time.monotonic()
         self.crashes.append(now)
