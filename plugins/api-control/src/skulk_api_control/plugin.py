@@ -10,7 +10,6 @@ from typing import Any
 
 from skulk_kernel import hookimpl
 
-_servers: dict[str, Any] = {}
 
 
 @hookimpl
@@ -34,7 +33,7 @@ async def startup(node: Any) -> None:
     from .server import serve
 
     try:
-        _servers[node.node_id] = await serve(node)
+        node.extensions["api-control.server"] = await serve(node)
     except RuntimeError as exc:
         # A node that was asked to serve HTTP and cannot is not what the operator wanted.
         node.fail(str(exc))
@@ -42,6 +41,6 @@ async def startup(node: Any) -> None:
 
 @hookimpl
 async def shutdown(node: Any) -> None:
-    server = _servers.pop(node.node_id, None)
+    server = node.extensions.pop("api-control.server", None)
     if server is not None:
         await server.stop()

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
 
 PLUGIN = "master"
-_masters: dict[str, Any] = {}
 
 
 class MasterConfig(BaseModel):
@@ -40,19 +39,19 @@ async def startup(node: Any) -> None:
     from .sequencer import Master
 
     master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
-    _masters[node.node_id] = master
+    node.extensions[PLUGIN] = master
     await master.attach()
 
 
 @hookimpl
 async def on_master_changed(node: Any, master_node_id: str | None) -> None:
-    master = _masters.get(node.node_id)
+    master = node.extensions.get(PLUGIN)
     if master is not None:
         await master.on_master_changed(master_node_id)
 
 
 @hookimpl
 async def shutdown(node: Any) -> None:
-    master = _masters.pop(node.node_id, None)
+    master = node.extensions.pop(PLUGIN, None)
     if master is not None:
         await master.stop()

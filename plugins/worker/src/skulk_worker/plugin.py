@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
 
 PLUGIN = "worker"
-_workers: dict[str, Any] = {}
 
 
 class WorkerConfig(BaseModel):
@@ -35,26 +34,25 @@ async def startup(node: Any) -> None:
     from .worker import Worker
 
     worker = Worker(node, node.plugin_config(PLUGIN) or WorkerConfig())
-    _workers[node.node_id] = worker
     node.extensions[PLUGIN] = worker
 
 
 @hookimpl
 async def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
-    worker = _workers.get(node.node_id)
+    worker = node.extensions.get(PLUGIN)
     if worker is not None:
         await worker.on_event(event, before, after)
 
 
 @hookimpl
 async def on_state_synced(node: Any, after: Any) -> None:
-    worker = _workers.get(node.node_id)
+    worker = node.extensions.get(PLUGIN)
     if worker is not None:
         await worker.reconcile(after)
 
 
 @hookimpl
 async def shutdown(node: Any) -> None:
-    worker = _workers.pop(node.node_id, None)
+    worker = node.extensions.pop(PLUGIN, None)
     if worker is not None:
         await worker.stop()
