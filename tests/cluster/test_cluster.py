@@ -102,7 +102,6 @@ def test_host_kill_9_fails_fast_then_replaces(cluster_factory):
     outcome: dict[str, float | str] = {}
 
     def stream() -> None:
-        started = time.monotonic()
         words = " ".join(f"w{i}" for i in range(300))
         with httpx.stream("POST", master.url + "/v1/chat/completions", timeout=30,
                           json={"model": "skulk/echo", "stream": True,
@@ -110,7 +109,7 @@ def test_host_kill_9_fails_fast_then_replaces(cluster_factory):
             for line in response.iter_lines():
                 if '"error"' in line:
                     outcome["error"] = line
-        outcome["ended"] = time.monotonic() - started
+        outcome["ended_at"] = time.monotonic()
 
     worker = threading.Thread(target=stream)
     worker.start()
@@ -119,8 +118,8 @@ def test_host_kill_9_fails_fast_then_replaces(cluster_factory):
     killed = time.monotonic()
     worker.join(30)
     assert "error" in outcome, outcome
-    assert outcome["ended"] - (killed - (time.monotonic() - time.monotonic())) < 30
-    assert time.monotonic() - killed < 8  # failed fast, long before the 30 s client timeout
+    # failed fast: the transport saw the host go, long before the node timeout or client timeout
+    assert outcome["ended_at"] - killed < 5, f"stream ended {outcome['ended_at'] - killed:.1f}s after the kill"
 
     def replaced() -> bool:
         state = master.state()
