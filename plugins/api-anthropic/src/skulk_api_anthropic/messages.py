@@ -19,14 +19,13 @@ them), the same for streaming and non-streaming answers.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from skulk_api_control import wire_common
+from skulk_api_control.wire_common import GENERATION_FAILED, error_status, token_counts, tool_arguments
 from skulk_kernel.tasks import ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
-
-log = logging.getLogger(__name__)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -46,15 +45,6 @@ def error_type_for(status: int) -> str:
     if status in ERROR_TYPES:
         return ERROR_TYPES[status]
     return "invalid_request_error" if 400 <= status < 500 else "api_error"
-
-
-def error_status(chunk: ErrorChunk) -> int:
-    """The HTTP status for an error chunk that arrives before any byte of the response was sent."""
-    if chunk.code in ("context_length_exceeded", "invalid_request") or chunk.error_type == "invalid_request_error":
-        return 400
-    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
-        return 504
-    return 500
 
 
 def stop_reason(reason: str | None, had_tool_calls: bool) -> str:
@@ -78,16 +68,10 @@ def tool_use_id(call_id: str) -> str:
     return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
-def tool_input(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as the object Anthropic's `input` must be."""
-    try:
-        value = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
-        value = None
-    if isinstance(value, dict):
-        return value
-    log.warning("tool call %s has arguments that are not a JSON object: %.200s", call.name, call.arguments)
-    return {"arguments": call.arguments}
+def usage_counts(usage: Usage | None, input_estimate: int, counted: int) -> tuple[int, int]:
+    """(input, output) tokens: the engine's, with the estimate for a prompt the engine did not count."""
+    prompt, completion = token_counts(usage, counted)
+    return prompt or input_estimate, completion
 
 
 def usage_body(input_tokens: int, output_tokens: int) -> dict[str, Any]:
@@ -124,13 +108,28 @@ PING = sse("ping", {"type": "ping"})
 
 
 @dataclass
-class Collected:
+class Collected(wire_common.Collected):
+    """The content blocks in the order the chunks came."""
+
     blocks: list[dict[str, Any]] = field(default_factory=list)
-    tokens: int = 0
     had_tool_calls: bool = False
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    error: ErrorChunk | None = None
+
+    def add_token(self, chunk: TokenChunk) -> None:
+        if chunk.text:
+            self.add_text("thinking" if chunk.reasoning else "text", chunk.text)
+
+    def add_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        for call in calls:
+            self.blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": tool_use_id(call.id),
+                    "name": call.name,
+                    "input": tool_arguments(call),
+                    "caller": None,
+                }
+            )
+        self.had_tool_calls = self.had_tool_calls or bool(calls)
 
     def add_text(self, kind: str, text: str) -> None:
         key = "thinking" if kind == "thinking" else "text"
@@ -143,43 +142,11 @@ class Collected:
 
 
 async def collect(chunks: AsyncIterator[_Chunk]) -> Collected:
-    out = Collected()
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            out.error = chunk
-            break
-        if isinstance(chunk, TokenChunk) and chunk.text:
-            out.add_text("thinking" if chunk.reasoning else "text", chunk.text)
-            out.tokens += 1
-        elif isinstance(chunk, ToolCallChunk):
-            for call in chunk.calls:
-                out.blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": tool_use_id(call.id),
-                        "name": call.name,
-                        "input": tool_input(call),
-                        "caller": None,
-                    }
-                )
-            out.had_tool_calls = out.had_tool_calls or bool(chunk.calls)
-            out.tokens += len(chunk.calls)
-        if chunk.finish_reason is not None:
-            if chunk.finish_reason == "error":
-                out.error = ErrorChunk(
-                    command_id=chunk.command_id,
-                    seq=chunk.seq,
-                    message="the generation failed",
-                    error_type="server_error",
-                )
-            out.finish_reason = chunk.finish_reason
-            out.usage = chunk.usage
-    return out
+    return await wire_common.collect(Collected(), chunks)
 
 
 def message_body(c: Collected, *, message_id: str, model: str, input_estimate: int) -> dict[str, Any]:
-    input_tokens = c.usage.prompt_tokens if c.usage and c.usage.prompt_tokens else input_estimate
-    output_tokens = c.usage.completion_tokens if c.usage else c.tokens
+    input_tokens, output_tokens = usage_counts(c.usage, input_estimate, c.tokens)
     return {
         "id": message_id,
         "type": "message",
@@ -283,7 +250,7 @@ class MessageStreamEncoder:
                     {
                         "type": "content_block_delta",
                         "index": self.index,
-                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(tool_input(call))},
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(tool_arguments(call))},
                     },
                 )
             )
@@ -291,8 +258,7 @@ class MessageStreamEncoder:
         return "".join(out)
 
     def finish(self, reason: str | None, usage: Usage | None) -> str:
-        input_tokens = usage.prompt_tokens if usage and usage.prompt_tokens else self.input_estimate
-        output_tokens = usage.completion_tokens if usage else self.tokens
+        input_tokens, output_tokens = usage_counts(usage, self.input_estimate, self.tokens)
         return (
             self._close_block()
             + sse(
@@ -331,7 +297,7 @@ class MessageStreamEncoder:
                 yield self.tool_calls(chunk)
             if chunk.finish_reason is not None:
                 if chunk.finish_reason == "error":
-                    yield self._close_block() + error_event("api_error", "the generation failed")
+                    yield self._close_block() + error_event("api_error", GENERATION_FAILED)
                     return
                 yield self.finish(chunk.finish_reason, chunk.usage)
                 return

@@ -25,63 +25,32 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
+from skulk_api_control import requests_common
+from skulk_api_control.requests_common import StrictBody as _In
+from skulk_api_control.requests_common import invalid_field, validate
 from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
 
 
-class RequestError(Exception):
+class RequestError(requests_common.RequestError):
     """A caller mistake: answered as `status` in Anthropic's error shape with `x-should-retry: false`."""
 
     def __init__(self, message: str, *, status: int = 400, error_type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+        super().__init__(message, status=status)
         self.error_type = error_type
 
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        raise RequestError("the request body is empty; send a JSON object")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}")
-    return data
-
-
-_BRANCH_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    """`('messages', 0, 'content')` -> `messages.0.content` (Anthropic's own spelling)."""
-    parts = []
-    for part in loc:
-        text = str(part)
-        if text in _BRANCH_TAGS or "[" in text or text.startswith(("literal", "function")):
-            continue
-        parts.append(text)
-    return ".".join(parts)
+    @classmethod
+    def too_large(cls, message: str) -> RequestError:
+        return cls(message, status=413, error_type="request_too_large")
 
 
 def _validation_error(exc: ValidationError) -> RequestError:
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return RequestError("body: invalid value")
-    where = _path(tuple(errors[0]["loc"]))
-    return RequestError(f"{where or 'body'}: {errors[0]['msg']}")
+    """Pydantic's first error, its field path in Anthropic's own spelling (`messages.0.content`)."""
+    return RequestError(invalid_field(exc, brackets=False)[1])
 
 
 def _validate(model: type[BaseModel], data: Any) -> Any:
-    try:
-        return model.model_validate(data, strict=True)
-    except ValidationError as exc:
-        raise _validation_error(exc) from None
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    return validate(model, data, _validation_error)
 
 
 class ToolIn(_In):

@@ -15,26 +15,32 @@ left alone.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
+from skulk_api_control.adapter_routes import (
+    ErrorAnswers,
+    answer,
+    canonical_model,
+    cards,
+    listed_model_ids,
+    read_json,
+    stream_body,
+)
+from skulk_api_control.streaming import Dispatch
+from skulk_api_control.wire_common import error_status
 from skulk_kernel.ids import new_id
-from skulk_kernel.inference import InferenceError, catalog, generate, resolve_card
+from skulk_kernel.inference import InferenceError, InferenceHandle, generate
 from skulk_kernel.tasks import ErrorChunk
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import messages
-from .requests import RequestError, estimate_tokens, parse_json_object, parse_messages_request
+from .requests import RequestError, estimate_tokens, parse_messages_request
 
-log = logging.getLogger("skulk.api.anthropic")
-CLIENT_CLOSED = 499
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MODELS_PATH = "/v1/models"
 INTERNAL_MODELS_PATH = "/anthropic/v1/models"
 _OVERFLOW_COUNT = re.compile(r"prompt has (\d+) tokens")
@@ -61,7 +67,10 @@ def inference_error(exc: InferenceError) -> JSONResponse:
 
 
 def chunk_error(chunk: ErrorChunk) -> JSONResponse:
-    return anthropic_error(messages.error_status(chunk), chunk.message)
+    return anthropic_error(error_status(chunk), chunk.message)
+
+
+ERRORS = ErrorAnswers(inference=inference_error, chunk=chunk_error)
 
 
 class AnthropicModelsDispatch:
@@ -89,18 +98,11 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
     app.add_middleware(AnthropicModelsDispatch)
 
     def canonical(ref: str) -> str:
-        try:
-            card = resolve_card(node, ref)
-        except Exception:
-            return ref
-        return card.model_id if card is not None else ref
+        return canonical_model(node, ref)
 
     async def read_request(request: Request, require_max_tokens: bool = True) -> Any:
-        try:
-            body = await read_body(request)
-        except BodyTooLarge as exc:
-            raise RequestError(str(exc), status=413, error_type="request_too_large") from None
-        return parse_messages_request(parse_json_object(body), require_max_tokens=require_max_tokens)
+        body = await read_json(request, RequestError)
+        return parse_messages_request(body, require_max_tokens=require_max_tokens)
 
     # --- messages --------------------------------------------------------------------------------
 
@@ -115,40 +117,24 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
         estimate = estimate_tokens(req.params)
         command_id = new_id()
         message_id = f"msg_{command_id}"  # so POST /v1/cancel/{command_id} can be found from the message
-        dispatch = Dispatch(generate(node, req.params, command_id=command_id))
-        handing_over = False
-        try:
-            ready = await dispatch.wait(request, keepalive_s if req.stream else None)
-            handle = None
-            if ready:
-                handle = dispatch.handle()  # raises InferenceError: an HTTP status
-                if isinstance(handle.first, ErrorChunk):
-                    handle.finished = True  # terminal: nothing to cancel
-                    return chunk_error(handle.first)
-            if req.stream:
-                encoder = messages.MessageStreamEncoder(message_id=message_id, model=model, input_estimate=estimate)
-                handing_over = True
-                return InferenceStreamResponse(
-                    _message_sse(dispatch, encoder, keepalive_s),
-                    dispatch.close,
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
-            assert handle is not None
-            got = await dispatch.run(request, messages.collect(handle.chunks()))
+        encoder = messages.MessageStreamEncoder(message_id=message_id, model=model, input_estimate=estimate)
+
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await messages.collect(handle.chunks())
             if got.error is not None:
                 return chunk_error(got.error)
             return JSONResponse(
                 messages.message_body(got, message_id=message_id, model=model, input_estimate=estimate),
                 headers={"request-id": request_id()},
             )
-        except InferenceError as exc:
-            return inference_error(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            if not handing_over:
-                await dispatch.close()
+
+        def stream(dispatch: Dispatch) -> AsyncIterator[str]:
+            return _message_sse(dispatch, encoder, keepalive_s)
+
+        call = generate(node, req.params, command_id=command_id)
+        return await answer(
+            request, call, ERRORS, complete, stream=stream if req.stream else None, keepalive_s=keepalive_s
+        )
 
     # --- count_tokens ----------------------------------------------------------------------------
 
@@ -168,47 +154,38 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
             return anthropic_error(exc.status, exc.message, exc.error_type)
         sampling = req.params.sampling.model_copy(update={"max_tokens": 1, "stop": ()})
         params = req.params.model_copy(update={"sampling": sampling})
-        dispatch = Dispatch(generate(node, params))
-        count: int | None = None
-        try:
-            await dispatch.wait(request)
-            handle = dispatch.handle()
-            got = await dispatch.run(request, messages.collect(handle.chunks()))
+
+        def counted(count: int | None) -> Response:
+            if count is not None:
+                return JSONResponse({"input_tokens": count}, headers={"x-skulk-token-count": "exact"})
+            estimate = estimate_tokens(req.params)
+            return JSONResponse({"input_tokens": estimate}, headers={"x-skulk-token-count": "estimate"})
+
+        def too_long(exc: InferenceError) -> Response:
+            """Over the context limit is still an answer: the count the error names, else the estimate."""
+            if exc.code != "context_length_exceeded":
+                return inference_error(exc)
+            found = _OVERFLOW_COUNT.search(exc.message)
+            return counted(int(found.group(1)) if found is not None else None)
+
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await messages.collect(handle.chunks())
             if got.error is not None:
                 return chunk_error(got.error)
-            if got.usage is not None and got.usage.prompt_tokens > 0:
-                count = got.usage.prompt_tokens
-        except InferenceError as exc:
-            found = _OVERFLOW_COUNT.search(exc.message) if exc.code == "context_length_exceeded" else None
-            if found is not None:
-                count = int(found.group(1))
-            elif exc.code != "context_length_exceeded":
-                return inference_error(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            await dispatch.close()
-        if count is not None:
-            return JSONResponse({"input_tokens": count}, headers={"x-skulk-token-count": "exact"})
-        return JSONResponse({"input_tokens": estimate_tokens(req.params)}, headers={"x-skulk-token-count": "estimate"})
+            usage = got.usage
+            return counted(usage.prompt_tokens if usage is not None and usage.prompt_tokens > 0 else None)
+
+        errors = ErrorAnswers(inference=too_long, chunk=chunk_error)
+        return await answer(request, generate(node, params), errors, complete)
 
     # --- models ----------------------------------------------------------------------------------
 
     def model_entries() -> list[dict[str, Any]]:
         created = rfc3339(0)  # release dates are unknown: the epoch, as Anthropic's spec allows
-        try:
-            cards = catalog(node)
-        except Exception:
-            cards = {}
-        ids: list[str] = []
-        for inst in list(node.state.instances.values()):
-            model_id = inst.shard_assignments.model_id
-            if model_id not in ids:
-                ids.append(model_id)
-        ids += sorted(m for m in cards if m not in ids)
+        known = cards(node)
         entries = []
-        for model_id in ids:
-            card = cards.get(model_id)
+        for model_id in listed_model_ids(node, known):
+            card = known.get(model_id)
             if card is not None and "TextGeneration" not in card.tasks:
                 continue  # /v1/messages cannot use embedding models
             entries.append(
@@ -272,24 +249,19 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
         return anthropic_error(404, f"model: {model_id!r} is not known to this cluster")
 
 
-async def _message_sse(dispatch: Dispatch, encoder: messages.MessageStreamEncoder, keepalive_s: float) -> Any:
+def _message_sse(
+    dispatch: Dispatch, encoder: messages.MessageStreamEncoder, keepalive_s: float
+) -> AsyncIterator[str]:
     """The SSE body: message_start (and pings while the first chunk is awaited), then the events."""
-    try:
-        yield encoder.message_start()
-        while not dispatch.task.done():
-            done, _ = await asyncio.wait({dispatch.task}, timeout=keepalive_s)
-            if not done:
-                yield messages.PING
-        try:
-            handle = dispatch.handle()
-        except InferenceError as exc:
-            yield messages.error_event(messages.error_type_for(exc.status), exc.message)
-            return
-        except Exception as exc:
-            log.exception("starting a message stream failed")
-            yield messages.error_event("api_error", f"internal error: {type(exc).__name__}")
-            return
-        async for text in encoder.events(handle.chunks()):
-            yield text
-    finally:
-        await dispatch.close()
+
+    def failed(exc: InferenceError) -> str:
+        return messages.error_event(messages.error_type_for(exc.status), exc.message)
+
+    return stream_body(
+        dispatch,
+        lambda handle: encoder.events(handle.chunks()),
+        failed,
+        keepalive=messages.PING,
+        keepalive_s=keepalive_s,
+        head=encoder.message_start(),
+    )

@@ -11,7 +11,6 @@ from typing import Any
 from skulk_kernel import hookimpl
 
 
-
 @hookimpl
 def register_api_routes(app: Any, node: Any) -> None:
     from .routes import add_control_routes

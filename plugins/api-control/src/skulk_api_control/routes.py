@@ -109,7 +109,7 @@ def add_control_routes(app: Any, node: Any) -> None:
         except ValidationError as exc:
             message, where = _validation_message(exc)
             return error(400, message, "invalid_placement", where)
-        instance, failure = await _preview(command)
+        _instance, failure = await _preview(command)
         if failure is not None:
             return failure
         card = resolve_card(node, command.model_id)

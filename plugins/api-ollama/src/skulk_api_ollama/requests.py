@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from skulk_api_control import requests_common
 from skulk_kernel.tasks import (
     ChatMessage,
     EmbeddingParams,
@@ -39,25 +40,15 @@ from skulk_kernel.tasks import (
 )
 
 
-class RequestError(Exception):
+class RequestError(requests_common.RequestError):
     """A caller mistake: `{"error": message}` with `status`."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+    empty_body = "missing request body"
+    invalid_json = "invalid JSON in the request body: {}"
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        raise RequestError("missing request body")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"invalid JSON in the request body: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}")
-    return data
+    return requests_common.parse_json_object(body, RequestError)
 
 
 def _type_name(value: Any) -> str:

@@ -16,14 +16,17 @@ Responses echo the model name the client sent, as Ollama does.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
+from skulk_api_control.adapter_routes import ErrorAnswers, answer, cards, listed_model_ids, read_json, stream_body
+from skulk_api_control.streaming import Dispatch
+from skulk_api_control.wire_common import collect_embeddings, error_status
 from skulk_kernel.inference import (
     InferenceError,
-    catalog,
+    InferenceHandle,
     embed,
     generate,
     resolve_card,
@@ -31,7 +34,7 @@ from skulk_kernel.inference import (
     serving_instances,
 )
 from skulk_kernel.models import ModelCard
-from skulk_kernel.tasks import EmbeddingParams, ErrorChunk
+from skulk_kernel.tasks import EmbeddingParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import wire
@@ -43,10 +46,8 @@ from .requests import (
     parse_embed,
     parse_embeddings,
     parse_generate,
-    parse_json_object,
 )
 
-CLIENT_CLOSED = 499
 NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
 NEVER_EXPIRES = "2999-12-31T23:59:59Z"  # instances stay until deleted: there is no keep_alive expiry
@@ -56,6 +57,12 @@ PREFIXES = ("/api", "/ollama/api")
 def ollama_error(status: int, message: str) -> JSONResponse:
     headers = {"x-should-retry": "false"} if 400 <= status < 500 else {}
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+ERRORS = ErrorAnswers(
+    inference=lambda exc: ollama_error(exc.status, exc.message),
+    chunk=lambda chunk: ollama_error(error_status(chunk), chunk.message),
+)
 
 
 class OllamaRoot:
@@ -160,19 +167,12 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
                 return card.model_id
         return candidates[-1]
 
-    async def read_json(request: Request) -> dict[str, Any]:
-        try:
-            body = await read_body(request)
-        except BodyTooLarge as exc:
-            raise RequestError(str(exc), status=413) from None
-        return parse_json_object(body)
-
     # --- chat and generate -----------------------------------------------------------------------
 
     async def run_generation(request: Request, kind: str) -> Response:
         timing = wire.Timing()
         try:
-            data = await read_json(request)
+            data = await read_json(request, RequestError)
             req: GenerationRequest = parse_chat(data) if kind == "chat" else parse_generate(data)
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
@@ -187,30 +187,24 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
                 return Response(wire.line(body), media_type=NDJSON)
             return JSONResponse(body)
         params = req.params.model_copy(update={"model_id": model_id})
-        dispatch = Dispatch(generate(node, params))
-        handing_over = False
-        try:
-            await dispatch.wait(request)
-            handle = dispatch.handle()  # raises InferenceError: an HTTP status
-            if isinstance(handle.first, ErrorChunk):
-                handle.finished = True
-                return ollama_error(wire.error_status(handle.first), handle.first.message)
-            if req.stream:
-                encoder = wire.StreamEncoder(model=req.model, kind=kind, timing=timing)
-                handing_over = True
-                return InferenceStreamResponse(_ndjson(dispatch, encoder), dispatch.close, media_type=NDJSON)
-            got = await dispatch.run(request, wire.collect(handle.chunks(), timing))
+
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await wire.collect(handle.chunks(), timing)
             if got.error is not None:
-                return ollama_error(wire.error_status(got.error), got.error.message)
+                return ERRORS.chunk(got.error)
             body_fn = wire.chat_body if kind == "chat" else wire.generate_body
             return JSONResponse(body_fn(got, model=req.model, timing=timing))
-        except InferenceError as exc:
-            return ollama_error(exc.status, exc.message)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            if not handing_over:
-                await dispatch.close()
+
+        def stream(dispatch: Dispatch) -> AsyncIterator[str]:
+            encoder = wire.StreamEncoder(model=req.model, kind=kind, timing=timing)
+            return stream_body(
+                dispatch, lambda handle: encoder.lines(handle.chunks()), lambda exc: wire.line({"error": exc.message})
+            )
+
+        call = generate(node, params)
+        return await answer(
+            request, call, ERRORS, complete, stream=stream if req.stream else None, media_type=NDJSON, headers=None
+        )
 
     @route("POST", "/chat")
     async def post_chat(request: Request) -> Response:
@@ -224,55 +218,52 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
 
     # --- embeddings ------------------------------------------------------------------------------
 
-    async def run_embedding(request: Request, params: EmbeddingParams) -> Any:
-        """The vectors, or an error response."""
-        dispatch = Dispatch(embed(node, params))
-        try:
-            await dispatch.wait(request)
-            handle = dispatch.handle()
-            got = await dispatch.run(request, _embeddings(handle.chunks()))
-        except InferenceError as exc:
-            return ollama_error(exc.status, exc.message)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            await dispatch.close()
-        if isinstance(got, ErrorChunk):
-            return ollama_error(wire.error_status(got), got.message)
-        vectors, prompt_tokens = got
-        if len(vectors) != len(params.inputs):
-            return ollama_error(500, f"the engine returned {len(vectors)} embeddings for {len(params.inputs)} inputs")
-        return vectors, prompt_tokens
+    async def run_embedding(
+        request: Request, params: EmbeddingParams, respond: Callable[[list[list[float]], int], Response]
+    ) -> Response:
+        """`respond(vectors, prompt_tokens)`, or an error response."""
+
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await collect_embeddings(handle.chunks())
+            if got.error is not None:
+                return ERRORS.chunk(got.error)
+            if len(got.vectors) != len(params.inputs):
+                return ollama_error(
+                    500, f"the engine returned {len(got.vectors)} embeddings for {len(params.inputs)} inputs"
+                )
+            return respond([list(v) for v in got.vectors], got.prompt_tokens)
+
+        return await answer(request, embed(node, params), ERRORS, complete)
 
     @route("POST", "/embed")
     async def post_embed(request: Request) -> Response:
         """`input`: a string or a list of strings -> `embeddings: [[...]]`."""
         started = wire.Timing()
         try:
-            model, params = parse_embed(await read_json(request))
+            model, params = parse_embed(await read_json(request, RequestError))
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
-        got = await run_embedding(request, params.model_copy(update={"model_id": resolve(model)}))
-        if isinstance(got, Response):
-            return got
-        vectors, prompt_tokens = got
-        started.end()
-        total = max(started.end_ns - started.start_ns, 1)
-        return JSONResponse(
-            {
-                "model": model,
-                "embeddings": vectors,
-                "total_duration": total,
-                "load_duration": 1,
-                "prompt_eval_count": prompt_tokens,
-            }
-        )
+
+        def respond(vectors: list[list[float]], prompt_tokens: int) -> Response:
+            started.end()
+            total = max(started.end_ns - started.start_ns, 1)
+            return JSONResponse(
+                {
+                    "model": model,
+                    "embeddings": vectors,
+                    "total_duration": total,
+                    "load_duration": 1,
+                    "prompt_eval_count": prompt_tokens,
+                }
+            )
+
+        return await run_embedding(request, params.model_copy(update={"model_id": resolve(model)}), respond)
 
     @route("POST", "/embeddings")
     async def post_embeddings(request: Request) -> Response:
         """Legacy: one `prompt` -> `embedding: [...]` (an empty prompt gives an empty embedding)."""
         try:
-            model, prompt = parse_embeddings(await read_json(request))
+            model, prompt = parse_embeddings(await read_json(request, RequestError))
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
         model_id = resolve(model)
@@ -282,18 +273,10 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
             except InferenceError as exc:
                 return ollama_error(exc.status, exc.message)
             return JSONResponse({"embedding": []})
-        got = await run_embedding(request, EmbeddingParams(model_id=model_id, inputs=(prompt,)))
-        if isinstance(got, Response):
-            return got
-        return JSONResponse({"embedding": got[0][0]})
+        params = EmbeddingParams(model_id=model_id, inputs=(prompt,))
+        return await run_embedding(request, params, lambda vectors, _: JSONResponse({"embedding": vectors[0]}))
 
     # --- models ----------------------------------------------------------------------------------
-
-    def cards() -> dict[str, ModelCard]:
-        try:
-            return catalog(node)
-        except Exception:
-            return {}
 
     def tag_entry(model_id: str, card: ModelCard | None) -> dict[str, Any]:
         name = display_name(model_id)
@@ -309,18 +292,13 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
     @route("GET", "/tags")
     async def get_tags() -> dict[str, Any]:
         """Every model this cluster knows: those with an instance first, then the catalog."""
-        known = cards()
-        ids: list[str] = []
-        for inst in list(node.state.instances.values()):
-            if inst.shard_assignments.model_id not in ids:
-                ids.append(inst.shard_assignments.model_id)
-        ids += sorted(m for m in known if m not in ids)
-        return {"models": [tag_entry(m, known.get(m)) for m in ids]}
+        known = cards(node)
+        return {"models": [tag_entry(m, known.get(m)) for m in listed_model_ids(node, known)]}
 
     @route("GET", "/ps")
     async def get_ps() -> dict[str, Any]:
         """Models with a ready instance (one entry per model)."""
-        known = cards()
+        known = cards(node)
         models = []
         seen: set[str] = set()
         for inst in list(node.state.instances.values()):
@@ -346,12 +324,12 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
     async def post_show(request: Request) -> Response:
         """Details of one model (`model`, or `name` from older clients); `model_info` always present."""
         try:
-            data = await read_json(request)
+            data = await read_json(request, RequestError)
             name = model_name(data, "model", "name")
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
         model_id = resolve(name)
-        card = cards().get(model_id)
+        card = cards(node).get(model_id)
         placed = [i for i in list(node.state.instances.values()) if i.shard_assignments.model_id == model_id]
         if card is None and not placed:
             return ollama_error(404, f"model '{name}' not found")
@@ -384,23 +362,3 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
         """The Ollama API version this adapter follows (`[plugins.api-ollama] version`)."""
         return {"version": version}
 
-
-async def _embeddings(chunks: Any) -> Any:
-    """(vectors, prompt_tokens) from the chunk stream, or the ErrorChunk."""
-    vectors: list[list[float]] = []
-    prompt_tokens = 0
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            return chunk
-        vectors.extend(list(v) for v in getattr(chunk, "embeddings", ()))
-        if chunk.usage is not None:
-            prompt_tokens = chunk.usage.prompt_tokens
-    return vectors, prompt_tokens
-
-
-async def _ndjson(dispatch: Dispatch, encoder: wire.StreamEncoder) -> Any:
-    try:
-        async for text in encoder.lines(dispatch.handle().chunks()):
-            yield text
-    finally:
-        await dispatch.close()

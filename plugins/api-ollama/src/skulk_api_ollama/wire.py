@@ -17,16 +17,15 @@ Wire rules (reference/api-wire-checklist.md 2.5 O1-O8):
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from skulk_api_control import wire_common
+from skulk_api_control.wire_common import GENERATION_FAILED, token_counts, tool_arguments
 from skulk_kernel.tasks import ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
-
-log = logging.getLogger(__name__)
 
 
 def now_rfc3339() -> str:
@@ -41,28 +40,9 @@ def line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
-def error_status(chunk: ErrorChunk) -> int:
-    if chunk.code in ("context_length_exceeded", "invalid_request") or chunk.error_type == "invalid_request_error":
-        return 400
-    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
-        return 504
-    return 500
-
-
 def done_reason(reason: str | None) -> str:
     """Ollama says `length` for a max-tokens stop and `stop` for everything else (tool calls too)."""
     return "length" if reason == "length" else "stop"
-
-
-def tool_arguments(call: ToolCall) -> dict[str, Any]:
-    try:
-        value = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
-        value = None
-    if isinstance(value, dict):
-        return value
-    log.warning("tool call %s has arguments that are not a JSON object: %.200s", call.name, call.arguments)
-    return {"arguments": call.arguments}
 
 
 def tool_call_entry(call: ToolCall, index: int) -> dict[str, Any]:
@@ -102,52 +82,39 @@ def counters(timing: Timing, usage: Usage | None, stats: GenerationStats | None,
     else:
         eval_ns = end - first
     load = waited - prompt_eval
+    prompt_tokens, completion_tokens = token_counts(usage, tokens)
     return {
         "total_duration": max(total, 1),
         "load_duration": max(load, 1),
-        "prompt_eval_count": usage.prompt_tokens if usage else 0,
+        "prompt_eval_count": prompt_tokens,
         "prompt_eval_duration": max(prompt_eval, 1),
-        "eval_count": usage.completion_tokens if usage else tokens,
+        "eval_count": completion_tokens,
         "eval_duration": max(eval_ns, 1),
     }
 
 
 @dataclass
-class Collected:
+class Collected(wire_common.Collected):
     content: list[str] = field(default_factory=list)
     thinking: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
-    tokens: int = 0
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    stats: GenerationStats | None = None
-    error: ErrorChunk | None = None
+
+    def add_token(self, chunk: TokenChunk) -> None:
+        if chunk.text:
+            (self.thinking if chunk.reasoning else self.content).append(chunk.text)
+
+    def add_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        self.tool_calls.extend(calls)
+
+
+async def _timed(chunks: AsyncIterator[_Chunk], timing: Timing) -> AsyncIterator[_Chunk]:
+    async for chunk in chunks:
+        timing.first()
+        yield chunk
 
 
 async def collect(chunks: AsyncIterator[_Chunk], timing: Timing) -> Collected:
-    out = Collected()
-    async for chunk in chunks:
-        timing.first()
-        if isinstance(chunk, ErrorChunk):
-            out.error = chunk
-            break
-        if isinstance(chunk, TokenChunk) and chunk.text:
-            (out.thinking if chunk.reasoning else out.content).append(chunk.text)
-            out.tokens += 1
-        elif isinstance(chunk, ToolCallChunk):
-            out.tool_calls.extend(chunk.calls)
-            out.tokens += len(chunk.calls)
-        if chunk.finish_reason is not None:
-            if chunk.finish_reason == "error":
-                out.error = ErrorChunk(
-                    command_id=chunk.command_id,
-                    seq=chunk.seq,
-                    message="the generation failed",
-                    error_type="server_error",
-                )
-            out.finish_reason = chunk.finish_reason
-            out.usage = chunk.usage
-            out.stats = chunk.stats
+    out = await wire_common.collect(Collected(), _timed(chunks, timing))
     timing.end()
     return out
 
@@ -265,7 +232,7 @@ class StreamEncoder:
                     yield text
             if chunk.finish_reason is not None:
                 if chunk.finish_reason == "error":
-                    yield line({"error": "the generation failed"})
+                    yield line({"error": GENERATION_FAILED})
                     return
                 yield self.final(chunk)
                 return

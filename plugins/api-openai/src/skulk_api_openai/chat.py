@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from skulk_api_control import wire_common
+from skulk_api_control.wire_common import GENERATION_FAILED, token_counts
 from skulk_kernel.tasks import (
     ErrorChunk,
     GenerationStats,
@@ -42,8 +44,7 @@ def finish_reason(reason: str | None, had_tool_calls: bool) -> str:
 
 
 def usage_dict(usage: Usage | None, fallback_completion: int) -> dict[str, int]:
-    prompt = usage.prompt_tokens if usage else 0
-    completion = usage.completion_tokens if usage else fallback_completion
+    prompt, completion = token_counts(usage, fallback_completion)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -83,64 +84,37 @@ def error_body(
 
 
 def error_status(chunk: ErrorChunk) -> int:
-    """The HTTP status for an error that arrives before any byte of the response was sent."""
-    if (
-        chunk.code in ("context_length_exceeded", "invalid_request")
-        or chunk.error_type == "invalid_request_error"
-    ):
-        return 400
-    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
-        return 504
-    if chunk.code == "instance_not_ready":
-        return 503
-    return 500
+    """The HTTP status for an error that arrives before any byte of the response was sent (the shared
+    rules, and 503 for an instance that is not ready, which OpenAI clients retry)."""
+    status = wire_common.error_status(chunk)
+    return 503 if status == 500 and chunk.code == "instance_not_ready" else status
 
 
 # --- non-streaming -------------------------------------------------------------------------------
 
 
 @dataclass
-class Collected:
+class Collected(wire_common.Collected):
     """Everything a non-streaming answer needs, gathered from the whole chunk stream."""
 
+    want_logprobs: bool = False
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-    tokens: int = 0
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    stats: GenerationStats | None = None
-    error: ErrorChunk | None = None
+
+    def add_token(self, chunk: TokenChunk) -> None:
+        if chunk.text:
+            (self.reasoning if chunk.reasoning else self.content).append(chunk.text)
+        if self.want_logprobs and not chunk.reasoning:
+            self.logprobs.extend(logprob_entry(lp) for lp in chunk.logprobs)
+
+    def add_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        self.tool_calls.extend(calls)
 
 
 async def collect(chunks: AsyncIterator[_Chunk], want_logprobs: bool) -> Collected:
-    out = Collected()
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            out.error = chunk
-            break
-        if isinstance(chunk, TokenChunk):
-            if chunk.text:
-                (out.reasoning if chunk.reasoning else out.content).append(chunk.text)
-                out.tokens += 1
-            if want_logprobs and not chunk.reasoning:
-                out.logprobs.extend(logprob_entry(lp) for lp in chunk.logprobs)
-        elif isinstance(chunk, ToolCallChunk):
-            out.tool_calls.extend(chunk.calls)
-            out.tokens += len(chunk.calls)
-        if chunk.finish_reason is not None:
-            if chunk.finish_reason == "error":
-                out.error = ErrorChunk(
-                    command_id=chunk.command_id,
-                    seq=chunk.seq,
-                    message="the generation failed",
-                    error_type="server_error",
-                )
-            out.finish_reason = chunk.finish_reason
-            out.usage = chunk.usage
-            out.stats = chunk.stats
-    return out
+    return await wire_common.collect(Collected(want_logprobs=want_logprobs), chunks)
 
 
 def completion_body(
@@ -287,7 +261,7 @@ class ChatStreamEncoder:
                 yield f": prefill_progress {chunk.processed}/{chunk.total}\n\n"
             if chunk.finish_reason is not None:
                 if chunk.finish_reason == "error":
-                    yield self.error("the generation failed")
+                    yield self.error(GENERATION_FAILED)
                     return
                 yield self.finish(chunk.finish_reason)
                 if self.include_usage:

@@ -1,7 +1,8 @@
 """Kernel embedding chunks -> the OpenAI `/v1/embeddings` body.
 
 The Python SDK asks for `encoding_format: "base64"` unless the caller chose otherwise, and decodes
-base64 of little-endian float32 (checklist E1); items stay in input order (E2).
+base64 of little-endian float32 (checklist E1); items stay in input order (E2). The chunks are read
+by the host's `skulk_api_control.wire_common.collect_embeddings`, the same as Ollama's.
 """
 
 from __future__ import annotations
@@ -9,11 +10,8 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
-
-from skulk_kernel.tasks import EmbeddingChunk, ErrorChunk, _Chunk
 
 
 def encode_base64(vector: Sequence[float]) -> str:
@@ -21,26 +19,6 @@ def encode_base64(vector: Sequence[float]) -> str:
     if sys.byteorder != "little":
         packed.byteswap()
     return base64.b64encode(packed.tobytes()).decode("ascii")
-
-
-@dataclass
-class CollectedEmbeddings:
-    vectors: list[tuple[float, ...]] = field(default_factory=list)
-    prompt_tokens: int = 0
-    error: ErrorChunk | None = None
-
-
-async def collect(chunks: AsyncIterator[_Chunk]) -> CollectedEmbeddings:
-    out = CollectedEmbeddings()
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            out.error = chunk
-            break
-        if isinstance(chunk, EmbeddingChunk):
-            out.vectors.extend(chunk.embeddings)
-        if chunk.usage is not None:
-            out.prompt_tokens = chunk.usage.prompt_tokens
-    return out
 
 
 def embeddings_body(

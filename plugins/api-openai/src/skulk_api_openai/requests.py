@@ -13,7 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
+from skulk_api_control import requests_common
+from skulk_api_control.requests_common import StrictBody as _In
+from skulk_api_control.requests_common import invalid_field, validate
 from skulk_kernel.tasks import (
     ChatMessage,
     EmbeddingParams,
@@ -24,7 +27,7 @@ from skulk_kernel.tasks import (
 )
 
 
-class RequestError(Exception):
+class RequestError(requests_common.RequestError):
     """A caller mistake: answered as `status` (4xx) in OpenAI's error shape, with `x-should-retry: false`."""
 
     def __init__(
@@ -36,65 +39,31 @@ class RequestError(Exception):
         status: int = 400,
         error_type: str = "invalid_request_error",
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, status=status)
         self.param = param
         self.code = code
-        self.status = status
         self.error_type = error_type
 
+    @classmethod
+    def not_json(cls, message: str) -> RequestError:
+        return cls(message, code="invalid_json")
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        raise RequestError("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise RequestError(
-            f"the request body must be a JSON object, not {type(data).__name__}", code="invalid_json"
-        )
-    return data
-
-
-_BRANCH_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
-
-
-def _param_path(loc: tuple[Any, ...]) -> str:
-    """`('messages', 0, 'content')` -> `messages[0].content`; union-branch tags are dropped."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-            continue
-        text = str(part)
-        if text in _BRANCH_TAGS or "[" in text or "-" in text or text.startswith(("literal", "function")):
-            continue
-        out += ("." if out else "") + text
-    return out
+    @classmethod
+    def too_large(cls, message: str) -> RequestError:
+        return cls(message, status=413, code="request_too_large")
 
 
 def validation_error(exc: ValidationError) -> RequestError:
-    errors = exc.errors(include_url=False)
-    first = errors[0] if errors else {}
-    where = _param_path(tuple(first.get("loc", ())))
-    msg = first.get("msg", "invalid value")
-    return RequestError(f"{where or 'body'}: {msg}", param=where or None)
+    """Pydantic's first error; `param` is the field path as OpenAI spells it (`messages[0].content`)."""
+    where, message = invalid_field(exc, brackets=True)
+    return RequestError(message, param=where or None)
 
 
 def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(data, strict=True)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    return validate(model, data, validation_error)
 
 
 # --- chat completions ----------------------------------------------------------------------------
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class ContentPart(_In):
@@ -276,6 +245,26 @@ def _tool_choice(req: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str
     return choice.function.name
 
 
+def sampling_params(req: Any, max_tokens: int | None) -> SamplingParams:
+    """The sampling fields Chat and Responses bodies share (`top_k` <= 0 is off, empty stops dropped).
+
+    Raises ValidationError (the kernel's own limits): callers turn it into a RequestError.
+    """
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return SamplingParams(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
+        min_p=req.min_p,
+        seed=req.seed,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        max_tokens=max_tokens,
+        stop=tuple(s for s in stops if s),
+    )
+
+
 def parse_chat_request(data: dict[str, Any]) -> ChatRequest:
     req: ChatCompletionRequest = _validate(ChatCompletionRequest, data)
     if req.n not in (None, 1):
@@ -294,23 +283,11 @@ def parse_chat_request(data: dict[str, Any]) -> ChatRequest:
                 parameters=tool.function.parameters or {},
             )
         )
-    stop = req.stop
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     messages = tuple(_message(m, i) for i, m in enumerate(req.messages))
     logprobs = bool(req.logprobs)
     try:
-        sampling = SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
-            min_p=req.min_p,
-            seed=req.seed,
-            repetition_penalty=req.repetition_penalty,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-            stop=tuple(s for s in stops if s),
-        )
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sampling = sampling_params(req, max_tokens)
         params = TextGenerationParams(
             model_id=req.model,
             messages=messages,

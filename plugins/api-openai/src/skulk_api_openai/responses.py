@@ -31,38 +31,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from skulk_api_control.wire_common import GENERATION_FAILED, failed_chunk, token_counts
 from skulk_kernel.tasks import (
     ErrorChunk,
     PrefillProgressChunk,
     TokenChunk,
-    TokenLogprob,
     ToolCall,
     ToolCallChunk,
     Usage,
     _Chunk,
 )
 
+from .chat import logprob_entry  # Responses logprobs have Chat's shape
 from .responses_requests import ResponsesRequest
 
-KEEPALIVE = ": keep-alive\n\n"
 # codes the SDK's `ResponseError.code` accepts; any other code is reported as server_error there
 _RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
-
-
-def response_logprob(lp: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": lp.token,
-        "logprob": lp.logprob,
-        "bytes": list(lp.bytes) if lp.bytes else list(lp.token.encode()),
-        "top_logprobs": [
-            {
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": list(t.bytes) if t.bytes else list(t.token.encode()),
-            }
-            for t in lp.top_logprobs
-        ],
-    }
 
 
 def sse(event_type: str, body: dict[str, Any]) -> str:
@@ -153,9 +137,7 @@ class ResponsesEncoder:
         }
 
     def usage_dict(self) -> dict[str, Any]:
-        u = self.usage
-        prompt = u.prompt_tokens if u else 0
-        completion = u.completion_tokens if u else self.tokens
+        prompt, completion = token_counts(self.usage, self.tokens)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -287,7 +269,7 @@ class ResponsesEncoder:
         if chunk.reasoning:
             self.reasoning_tokens += 1
         elif self.req.logprobs and chunk.logprobs:
-            entries = [response_logprob(lp) for lp in chunk.logprobs]
+            entries = [logprob_entry(lp) for lp in chunk.logprobs]
             self._logprobs.extend(entries)
             logprobs = json.dumps(entries)
         if not self.emit:
@@ -385,7 +367,7 @@ class ResponsesEncoder:
         if chunk.finish_reason is None:
             return out, False
         if chunk.finish_reason == "error":
-            return out + self.fail("the generation failed"), True
+            return out + self.fail(GENERATION_FAILED), True
         return out + self.finish(chunk.finish_reason, chunk.usage), True
 
     async def events(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
@@ -407,12 +389,5 @@ class ResponsesEncoder:
                 return chunk
             self.chunk(chunk)
             if chunk.finish_reason is not None:
-                if chunk.finish_reason == "error":
-                    return ErrorChunk(
-                        command_id=chunk.command_id,
-                        seq=chunk.seq,
-                        message="the generation failed",
-                        error_type="server_error",
-                    )
-                return None
+                return failed_chunk(chunk) if chunk.finish_reason == "error" else None
         return None

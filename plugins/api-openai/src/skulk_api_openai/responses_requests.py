@@ -16,8 +16,8 @@ fields ignored, every caller mistake a 400 in OpenAI's error shape naming the fi
 
 `instructions` becomes the first, system message; `max_output_tokens` is the token limit;
 `reasoning.effort` turns thinking off (`none`) or on (any other value); `include:
-["message.output_text.logprobs"]` (with `top_logprobs`) asks for logprobs. `previous_response_id` and `conversation` are a
-400: this server keeps no responses, so the whole conversation has to be sent in `input`.
+["message.output_text.logprobs"]` (with `top_logprobs`) asks for logprobs. `previous_response_id` and
+`conversation` are a 400: this server keeps no responses, so the whole conversation has to be sent in `input`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
-from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
+from skulk_kernel.tasks import ChatMessage, TextGenerationParams, ToolCall, ToolSpec
 
-from .requests import RequestError, _arguments, _In, _validate, validation_error
+from .requests import RequestError, _arguments, _In, _validate, sampling_params, validation_error
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -333,25 +333,13 @@ def parse_responses_request(data: dict[str, Any]) -> ResponsesRequest:
     specs, echoed = _tools(req.tools)
     kernel_choice, echoed_choice = _tool_choice(req.tool_choice, specs)
     logprobs = LOGPROBS_INCLUDE in (req.include or ())
-    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     try:
         params = TextGenerationParams(
             model_id=req.model,
             messages=tuple(messages),
             tools=tuple(specs),
             tool_choice=kernel_choice,
-            sampling=SamplingParams(
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
-                min_p=req.min_p,
-                seed=req.seed,
-                repetition_penalty=req.repetition_penalty,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                max_tokens=req.max_output_tokens,
-                stop=tuple(s for s in stops if s),
-            ),
+            sampling=sampling_params(req, req.max_output_tokens),
             logprobs=logprobs,
             top_logprobs=(req.top_logprobs or 0) if logprobs else 0,
             enable_thinking=_thinking(req),

@@ -18,31 +18,29 @@ line of every stream that did not have to wait.
 
 from __future__ import annotations
 
-import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from skulk_api_control.adapter_routes import (
+    ErrorAnswers,
+    answer,
+    canonical_model,
+    cards,
+    listed_model_ids,
+    read_json,
+    stream_body,
+)
 from skulk_api_control.server import openai_error  # the host's, so every OpenAI-style error looks the same
-from skulk_api_control.streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
-from skulk_kernel.inference import InferenceError, catalog, embed, generate, resolve_card
+from skulk_api_control.streaming import Dispatch
+from skulk_api_control.wire_common import collect_embeddings
+from skulk_kernel.inference import InferenceError, InferenceHandle, embed, generate
 from skulk_kernel.tasks import ErrorChunk
 
 from . import chat, embeddings
-from .requests import RequestError, parse_chat_request, parse_embeddings_request, parse_json_object
-
-log = logging.getLogger("skulk.api.openai")
-CLIENT_CLOSED = 499
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-async def read_request_body(request: Request) -> bytes:
-    """The body under the host's limit; over it, a 413 RequestError in OpenAI's shape."""
-    try:
-        return await read_body(request)
-    except BodyTooLarge as exc:
-        raise RequestError(str(exc), status=413, code="request_too_large") from None
+from .requests import RequestError, parse_chat_request, parse_embeddings_request
 
 
 def request_error(exc: RequestError) -> JSONResponse:
@@ -57,29 +55,24 @@ def chunk_error(chunk: ErrorChunk) -> JSONResponse:
     return openai_error(chat.error_status(chunk), chunk.message, error_type=chunk.error_type, code=chunk.code)
 
 
+ERRORS = ErrorAnswers(inference=inference_error, chunk=chunk_error)
+
+
 def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> None:
     fingerprint = f"skulk-{node.runtime_info().get('skulkVersion', '0')}"
 
     def canonical(ref: str) -> str:
-        try:
-            card = resolve_card(node, ref)
-        except Exception:
-            return ref
-        return card.model_id if card is not None else ref
-
-    async def read_json(request: Request) -> dict[str, Any]:
-        return parse_json_object(await read_request_body(request))
+        return canonical_model(node, ref)
 
     # --- chat ------------------------------------------------------------------------------------
 
     async def chat_completions(request: Request, bench: bool = False) -> Response:
         try:
-            req = parse_chat_request(await read_json(request))
+            req = parse_chat_request(await read_json(request, RequestError))
         except RequestError as exc:
             return request_error(exc)
         model = canonical(req.model)
         created = int(time.time())
-        dispatch = Dispatch(generate(node, req.params))
 
         def encoder(command_id: str) -> chat.ChatStreamEncoder:
             return chat.ChatStreamEncoder(
@@ -91,23 +84,8 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
                 include_usage=req.include_usage,
             )
 
-        handing_over = False
-        try:
-            ready = await dispatch.wait(request, keepalive_s if req.stream else None)
-            if ready:
-                handle = dispatch.handle()  # raises InferenceError: an HTTP status
-                if isinstance(handle.first, ErrorChunk):
-                    handle.finished = True  # terminal: close() reports it finished, nothing to cancel
-                    return chunk_error(handle.first)
-            if req.stream:
-                handing_over = True
-                return InferenceStreamResponse(
-                    _chat_sse(dispatch, encoder, keepalive_s),
-                    dispatch.close,
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
-            got = await dispatch.run(request, chat.collect(handle.chunks(), req.logprobs))
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await chat.collect(handle.chunks(), req.logprobs)
             if got.error is not None:
                 return chunk_error(got.error)
             return JSONResponse(
@@ -121,13 +99,14 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
                     with_stats=bench,
                 )
             )
-        except InferenceError as exc:
-            return inference_error(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            if not handing_over:
-                await dispatch.close()
+
+        def stream(dispatch: Dispatch) -> AsyncIterator[str]:
+            return _chat_sse(dispatch, encoder, keepalive_s)
+
+        call = generate(node, req.params)
+        return await answer(
+            request, call, ERRORS, complete, stream=stream if req.stream else None, keepalive_s=keepalive_s
+        )
 
     @app.post("/v1/chat/completions", tags=["openai"])
     @app.post("/chat/completions", include_in_schema=False)
@@ -153,60 +132,45 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
     async def post_embeddings(request: Request) -> Response:
         """OpenAI Embeddings: `input` is a string or a list of strings; float or base64 output."""
         try:
-            req = parse_embeddings_request(await read_json(request))
+            req = parse_embeddings_request(await read_json(request, RequestError))
         except RequestError as exc:
             return request_error(exc)
         model = canonical(req.model)
-        dispatch = Dispatch(embed(node, req.params))
-        try:
-            await dispatch.wait(request)
-            handle = dispatch.handle()
-            got = await dispatch.run(request, embeddings.collect(handle.chunks()))
-        except InferenceError as exc:
-            return inference_error(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        finally:
-            await dispatch.close()
-        if got.error is not None:
-            return chunk_error(got.error)
-        if len(got.vectors) != len(req.params.inputs):
-            return openai_error(
-                500,
-                f"the engine returned {len(got.vectors)} embeddings for {len(req.params.inputs)} inputs",
-                error_type="server_error",
+
+        async def complete(handle: InferenceHandle) -> Response:
+            got = await collect_embeddings(handle.chunks())
+            if got.error is not None:
+                return chunk_error(got.error)
+            if len(got.vectors) != len(req.params.inputs):
+                return openai_error(
+                    500,
+                    f"the engine returned {len(got.vectors)} embeddings for {len(req.params.inputs)} inputs",
+                    error_type="server_error",
+                )
+            if req.dimensions is not None and got.vectors and len(got.vectors[0]) != req.dimensions:
+                return openai_error(
+                    400,
+                    f"dimensions: {model} produces {len(got.vectors[0])}-dimensional "
+                    f"embeddings and cannot return {req.dimensions}",
+                    param="dimensions",
+                    code="unsupported_parameter",
+                )
+            return JSONResponse(
+                embeddings.embeddings_body(
+                    got.vectors,
+                    model=model,
+                    encoding_format=req.encoding_format,
+                    prompt_tokens=got.prompt_tokens,
+                )
             )
-        if req.dimensions is not None and got.vectors and len(got.vectors[0]) != req.dimensions:
-            return openai_error(
-                400,
-                f"dimensions: {model} produces {len(got.vectors[0])}-dimensional "
-                f"embeddings and cannot return {req.dimensions}",
-                param="dimensions",
-                code="unsupported_parameter",
-            )
-        return JSONResponse(
-            embeddings.embeddings_body(
-                got.vectors,
-                model=model,
-                encoding_format=req.encoding_format,
-                prompt_tokens=got.prompt_tokens,
-            )
-        )
+
+        return await answer(request, embed(node, req.params), ERRORS, complete)
 
     # --- models ----------------------------------------------------------------------------------
 
     def model_entries() -> list[dict[str, Any]]:
         created = int(node.started_at)
-        ids: list[str] = []
-        for inst in list(node.state.instances.values()):
-            model_id = inst.shard_assignments.model_id
-            if model_id not in ids:
-                ids.append(model_id)
-        try:
-            known = sorted(catalog(node))
-        except Exception:
-            known = []
-        ids += [m for m in known if m not in ids]
+        ids = listed_model_ids(node, cards(node))
         return [{"id": m, "object": "model", "created": created, "owned_by": "skulk"} for m in ids]
 
     @app.get("/v1/models", tags=["openai"])
@@ -224,28 +188,17 @@ def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> 
         )
 
 
-async def _chat_sse(dispatch: Dispatch, encoder: Any, keepalive_s: float) -> Any:
+def _chat_sse(
+    dispatch: Dispatch, encoder: Callable[[str], chat.ChatStreamEncoder], keepalive_s: float
+) -> AsyncIterator[str]:
     """The SSE body: keep-alives while the first chunk is awaited, then the chat chunk events."""
-    import asyncio
 
-    try:
-        if not dispatch.task.done():
-            yield chat.KEEPALIVE
-            while not dispatch.task.done():
-                done, _ = await asyncio.wait({dispatch.task}, timeout=keepalive_s)
-                if not done:
-                    yield chat.KEEPALIVE
-        try:
-            handle = dispatch.handle()
-        except InferenceError as exc:
-            yield chat.ChatStreamEncoder.error(exc.message, exc.error_type, exc.code)
-            return
-        except Exception as exc:
-            log.exception("starting a chat stream failed")
-            yield chat.ChatStreamEncoder.error(f"internal error: {type(exc).__name__}")
-            return
+    async def events(handle: InferenceHandle) -> AsyncIterator[str]:
         yield f": command_id {handle.command_id}\n\n"
         async for line in encoder(handle.command_id).events(handle.chunks()):
             yield line
-    finally:
-        await dispatch.close()
+
+    def failed(exc: InferenceError) -> str:
+        return chat.ChatStreamEncoder.error(exc.message, exc.error_type, exc.code)
+
+    return stream_body(dispatch, events, failed, keepalive=chat.KEEPALIVE, keepalive_s=keepalive_s)

@@ -1,0 +1,148 @@
+"""Reading the kernel's chunk stream the same way for every wire format (no format is written here).
+
+Each adapter's encoder (api-openai's chat and responses, api-anthropic's messages, api-ollama's wire)
+spells its own bodies and events. What they all need to *read* from the chunks is the same, and
+lives here so it cannot drift between formats:
+
+* `error_status`: the HTTP status for an error chunk that came before any byte was sent;
+* `tool_arguments`: a tool call's JSON-string arguments as the object Anthropic's `input` and
+  Ollama's `arguments` must be;
+* `token_counts`: the engine's prompt/completion counts, or the adapter's own count of what it sent;
+* `Collected` + `collect`: the non-streaming answer's pass over the chunks (stop at an error chunk,
+  count tokens, keep the terminal chunk's finish reason, usage and stats, turn a `finish_reason:
+  "error"` into an ErrorChunk); each adapter subclasses `Collected` to keep the text and calls its
+  body needs;
+* `collect_embeddings`: the vectors and prompt tokens of an embedding call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from skulk_kernel.tasks import (
+    EmbeddingChunk,
+    ErrorChunk,
+    GenerationStats,
+    TokenChunk,
+    ToolCall,
+    ToolCallChunk,
+    Usage,
+    _Chunk,
+)
+
+__all__ = [
+    "GENERATION_FAILED",
+    "Collected",
+    "CollectedEmbeddings",
+    "collect",
+    "collect_embeddings",
+    "error_status",
+    "failed_chunk",
+    "token_counts",
+    "tool_arguments",
+]
+
+log = logging.getLogger(__name__)
+GENERATION_FAILED = "the generation failed"  # a terminal chunk with `finish_reason: "error"`
+C = TypeVar("C", bound="Collected")
+
+
+def error_status(chunk: ErrorChunk) -> int:
+    """The HTTP status for an error chunk that arrives before any byte of the response was sent."""
+    if chunk.code in ("context_length_exceeded", "invalid_request") or chunk.error_type == "invalid_request_error":
+        return 400
+    if chunk.error_type == "timeout" or chunk.code == "idle_timeout":
+        return 504
+    return 500
+
+
+def tool_arguments(call: ToolCall) -> dict[str, Any]:
+    """The call's arguments as a JSON object (`{"arguments": raw}` when the model wrote something else)."""
+    try:
+        value = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.warning("tool call %s has arguments that are not a JSON object: %.200s", call.name, call.arguments)
+    return {"arguments": call.arguments}
+
+
+def token_counts(usage: Usage | None, counted: int) -> tuple[int, int]:
+    """(prompt, completion) tokens: the engine's when it reported usage, else (0, what was counted)."""
+    if usage is None:
+        return 0, counted
+    return usage.prompt_tokens, usage.completion_tokens
+
+
+def failed_chunk(chunk: _Chunk) -> ErrorChunk:
+    """The ErrorChunk standing for a terminal chunk whose finish reason is `error`."""
+    return ErrorChunk(command_id=chunk.command_id, seq=chunk.seq, message=GENERATION_FAILED, error_type="server_error")
+
+
+@dataclass
+class Collected:
+    """What a non-streaming answer learns from the whole chunk stream; subclasses keep the content.
+
+    `add_token` sees every token chunk (text or not: logprobs may come without text) and
+    `add_calls` every batch of tool calls; `tokens` is counted here either way.
+    """
+
+    tokens: int = 0
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    stats: GenerationStats | None = None
+    error: ErrorChunk | None = None
+
+    def add_token(self, chunk: TokenChunk) -> None:
+        """Keep what the body needs of one token chunk."""
+
+    def add_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        """Keep what the body needs of a batch of tool calls."""
+
+
+async def collect(out: C, chunks: AsyncIterator[_Chunk]) -> C:
+    """Consume the chunks into `out`; stops at an error chunk (kept in `out.error`)."""
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            out.error = chunk
+            break
+        if isinstance(chunk, TokenChunk):
+            if chunk.text:
+                out.tokens += 1
+            out.add_token(chunk)
+        elif isinstance(chunk, ToolCallChunk):
+            out.tokens += len(chunk.calls)
+            out.add_calls(chunk.calls)
+        if chunk.finish_reason is not None:
+            if chunk.finish_reason == "error":
+                out.error = failed_chunk(chunk)
+            out.finish_reason = chunk.finish_reason
+            out.usage = chunk.usage
+            out.stats = chunk.stats
+    return out
+
+
+@dataclass
+class CollectedEmbeddings:
+    vectors: list[tuple[float, ...]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    error: ErrorChunk | None = None
+
+
+async def collect_embeddings(chunks: AsyncIterator[_Chunk]) -> CollectedEmbeddings:
+    """The vectors in input order and the prompt tokens; stops at an error chunk."""
+    out = CollectedEmbeddings()
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            out.error = chunk
+            break
+        if isinstance(chunk, EmbeddingChunk):
+            out.vectors.extend(chunk.embeddings)
+        if chunk.usage is not None:
+            out.prompt_tokens = chunk.usage.prompt_tokens
+    return out
