@@ -91,8 +91,9 @@ def installed_plugins() -> dict[str, PluginInfo]:
 
 def install_hint(plugin: str) -> str:
     """The command that installs a missing plugin: the workspace folder if there is one."""
-    folder = _workspace_root() / "plugins" / plugin if _workspace_root() else None
-    if folder and folder.is_dir():
+    root = _workspace_root()
+    folder = root / "plugins" / plugin if root else None
+    if folder is not None and folder.is_dir():
         return f"pip install -e {folder}"
     return f"pip install skulk-{plugin}"
 
