@@ -239,6 +239,7 @@ def _failover(cluster: Cluster, mode: str, recovery_timeout: float) -> dict[str,
                     if got.ok:
                         out["first_token_s"] = round(got.started_at + (got.ttft_s or 0) - t0, 3)
                         break
+                    out["last_error"] = f"HTTP {got.status}: {(got.error or '')[:300]}"
                     time.sleep(0.1)
     if out["command_applied_s"] is None or out["first_token_s"] is None:
         out["note"] = (f"no {'command applied' if out['command_applied_s'] is None else 'token'} within "

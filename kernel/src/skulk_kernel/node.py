@@ -341,7 +341,7 @@ class Node:
         self.facts.update(node_id=self.node_id, offline=self.options.offline)
         self.hooks.call("probe_node", facts=self.facts)
         backends: list[str] = []
-        for engine in self.engines.values():
+        for engine in () if self.options.no_worker else self.engines.values():  # no worker, nothing to place here
             with contextlib.suppress(Exception):
                 backends += engine.backend_tags(self.facts)
         return probe_readings(self, tuple(dict.fromkeys(backends)))

@@ -48,6 +48,9 @@ def node_health(node: Any, node_id: str, state: Any) -> dict[str, Any]:
         if log_status is not None and log_status.mode != "persisting":
             reasons.append({"level": "warn", "message": f"event log is counting-only: {log_status.reason}",
                             "remediation": "free disk space under SKULK_HOME and restart the node"})
+        for plugin, note in node.health_notes.items():  # plugin-reported conditions (e.g. version mismatch)
+            reasons.append({"level": "warn", "message": f"{plugin}: {note}",
+                            "remediation": "see GET /v1/diagnostics/node"})
     level = "error" if any(r["level"] == "error" for r in reasons) else "warn" if reasons else "ok"
     return {"level": level, "reasons": reasons}
 

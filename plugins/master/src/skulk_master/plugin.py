@@ -17,7 +17,8 @@ class MasterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     default_models: list[str] = Field(default_factory=list, description="placed when none is running")
     node_timeout_s: float = Field(default=30.0, gt=0)
-    dispatch_wait_s: float = Field(default=300.0, gt=0, description="how long a request waits for a loading instance")
+    dispatch_wait_s: float = Field(default=90.0, gt=0, description="how long a request waits for a loading instance "
+                                   "(keep it under the API's 120 s stream idle timeout)")
     memory_overhead: float = Field(default=1.25, ge=1.0)
     memory_floor_mb: int = Field(default=256, ge=0)
 

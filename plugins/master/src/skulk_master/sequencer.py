@@ -250,8 +250,15 @@ class Master:
         await self.index([ev.InstanceCreated(instance=instance)], origin)
 
     def _pick_instance(self, model_id: str) -> Any:
+        """The ready instance with the fewest open tasks, among those on reachable nodes only.
+
+        An instance whose node the transport has seen leave is skipped at once, without waiting
+        for the prune: a request sent there would only fail later.
+        """
+        reachable = self.node.reachable_nodes()
         ready = [i for i in self.state.instances.values()
-                 if i.shard_assignments.model_id == model_id and instance_ready(i, self.state.runners)]
+                 if i.shard_assignments.model_id == model_id and instance_ready(i, self.state.runners)
+                 and set(i.shard_assignments.node_to_runner) <= reachable]
         if not ready:
             return None
         load = {i.instance_id: 0 for i in ready}
@@ -264,7 +271,14 @@ class Master:
         model_id = command.params.model_id
         instance = self._pick_instance(model_id)
         if instance is None:
-            placed = any(i.shard_assignments.model_id == model_id for i in self.state.instances.values())
+            placed = [i for i in self.state.instances.values() if i.shard_assignments.model_id == model_id]
+            reachable = self.node.reachable_nodes()
+            if placed and all(not set(i.shard_assignments.node_to_runner) <= reachable for i in placed):
+                await self.node.send_chunk(command.owner_node_id, ErrorChunk(
+                    command_id=command.command_id, seq=0, code="instance_gone",
+                    message=f"every instance of {model_id!r} is on a node that left the cluster; it is re-placed "
+                            f"once the node times out ({self.config.node_timeout_s:.0f}s): retry shortly"))
+                return True
             if not placed:
                 await self.node.send_chunk(command.owner_node_id, ErrorChunk(
                     command_id=command.command_id, seq=0, code="model_not_placed",

