@@ -90,9 +90,8 @@ class Bench:
         installed = nodes.installed_plugins()
         extra = [p for p in EXTRA_API_PLUGINS if p in installed]
         path, summary = nodes.derived_profile(self.settings.profile, extra, self.scratch / "serving-profile.toml")
-        summary["extra_plugins"] = extra
         self.node_profile = summary
-        log(f"   starting a node: profile {summary['base']} + {extra}")
+        log(f"   starting a node: profile {summary['base']} + {summary['extra_plugins'] or 'nothing'}")
         started = time.perf_counter()
         node = nodes.start(str(path), home=self.scratch / "serving-home", env=self.env())
         self.node = node

@@ -104,16 +104,17 @@ def derived_profile(base: str, extra_plugins: list[str], path: Path,
     from skulk_kernel.profiles import load_profile
 
     prof = load_profile(base)
-    plugins = list(prof.plugins) + [p for p in extra_plugins if p not in prof.plugins]
+    added = [p for p in extra_plugins if p not in prof.plugins]
+    plugins = list(prof.plugins) + added
     config = {k: dict(v) for k, v in prof.plugin_config.items()}
     if default_models is not None:
         config.setdefault("master", {})["default_models"] = default_models
     planes = {"control": prof.planes.control, "telemetry": prof.planes.telemetry, "data": prof.planes.data}
     text = profile_toml(f"bench-{prof.name}", plugins, planes, config,
-                        f"{prof.name} plus {', '.join(extra_plugins) or 'nothing'} (written by bench/run.py)")
+                        f"{prof.name} plus {', '.join(added) or 'nothing'} (written by bench/run.py)")
     path.write_text(text)
     return path, {"base": prof.name, "source": prof.source, "plugins": plugins, "planes": planes, "config": config,
-                  "path": str(path)}
+                  "extra_plugins": added, "path": str(path)}
 
 
 def installed_plugins() -> dict[str, str]:

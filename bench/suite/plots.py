@@ -101,7 +101,7 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
         axes[0].set_xlabel("log length (events)")
         axes[0].set_ylabel("seconds from spawn")
         axes[0].legend(fontsize=7)
-        axes[0].set_title("join time vs log length")
+        axes[0].set_title("join time vs log length (echo-engine nodes)")
         lat = cluster["results"].get("command_latency_ms", {})
         names = [k for k in ("on_master", "on_follower") if lat.get(k, {}).get("n")]
         for i, key in enumerate(("p50", "p90", "p99")):
