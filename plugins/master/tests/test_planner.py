@@ -96,3 +96,11 @@ def test_tensor_divisibility():
         MemoryPlanner().place(PlacementRequest(model=card, sharding="Tensor", min_nodes=2), State(),
                               {"a": cap("a", 8), "b": cap("b", 8)}, "i")
     assert "divisible" in err.value.message
+
+
+def test_tensor_sharding_needs_a_card_that_supports_it():
+    card = CARD.model_copy(update={"supports_tensor": False, "num_key_value_heads": 4})
+    with pytest.raises(PlacementError) as err:
+        MemoryPlanner().place(PlacementRequest(model=card, sharding="Tensor", min_nodes=2), State(),
+                              {"a": cap("a", 8), "b": cap("b", 8)}, "i")
+    assert "supports_tensor" in err.value.message

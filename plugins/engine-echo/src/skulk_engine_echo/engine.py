@@ -190,8 +190,11 @@ class EchoModelStore:
 
     name = "echo"
 
+    def __init__(self, context_length: int = 4096) -> None:
+        self.context_length = context_length
+
     def catalog(self) -> dict[str, ModelCard]:
-        return echo_cards()
+        return echo_cards(self.context_length)
 
     def local_path(self, model_id: str) -> Path | None:
         return None

@@ -37,10 +37,11 @@ def register_engines(register: Callable[[Any], None]) -> None:
 
 
 @hookimpl
-def register_model_stores(register: Callable[[Any], None]) -> None:
+def register_model_stores(register: Callable[[Any], None], node: Any) -> None:
     from .engine import EchoModelStore
 
-    register(EchoModelStore())
+    config = (node.plugin_config(PLUGIN) if node is not None else None) or EchoConfig()
+    register(EchoModelStore(config.context_length))
 
 
 @hookimpl

@@ -136,6 +136,10 @@ class MemoryPlanner:
         pref = list(card.backend_preference)
         backend = min(allowed, key=lambda b: (pref.index(b) if b in pref else len(pref), b))
         width = len(ring)
+        if request.sharding == "Tensor" and width > 1 and not card.supports_tensor:
+            rejections.append(f"{card.model_id} does not support tensor sharding (its card says "
+                              "supports_tensor = false); use Pipeline")
+            return None
         if request.sharding == "Tensor" and width > 1 and (
             card.hidden_size % width or card.num_key_value_heads % width
         ):

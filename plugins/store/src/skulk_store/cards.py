@@ -58,6 +58,8 @@ def card_from_config_json(folder: Path, model_id: str) -> ModelCard:
         family=str(config.get("model_type", "")),
         context_length=config.get("max_position_embeddings", 2048),
         storage_size=size,
+        # safetensors need an engine that reads them (MLX, vLLM); llama.cpp and echo do not
+        compatible_backends=("mlx-metal", "mlx-cpu", "vllm-cuda"),
         sections={"runtime": {"head_dim": hidden // max(1, heads)}},
     )
 
@@ -79,6 +81,18 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     return meta
 
 
+def _file_type_name(file_type: Any) -> str:
+    """llama.cpp's numeric file type as the name operators know (3 -> "Q4_1")."""
+    if file_type is None:
+        return ""
+    try:
+        from gguf import LlamaFileType
+
+        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+    except (ImportError, ValueError):
+        return str(file_type)
+
+
 def card_from_gguf(path: Path, model_id: str) -> ModelCard:
     meta = gguf_metadata(path)
     arch = meta.get("general.architecture")
@@ -97,7 +111,7 @@ def card_from_gguf(path: Path, model_id: str) -> ModelCard:
         hidden_size=hidden,
         num_key_value_heads=arch_key("attention.head_count_kv", heads),
         family=arch,
-        quantization=str(meta.get("general.file_type", "")),
+        quantization=_file_type_name(meta.get("general.file_type")),
         context_length=arch_key("context_length", 2048),
         storage_size=path.stat().st_size,
         gguf_file=path.name,
