@@ -42,8 +42,15 @@ class RefuseInstancePlacement(_Command):
 
 
 class FailInstance(_Command):
+    """End an instance with a recorded failure.
+
+    `replace_excluding` names the node at fault when the failure is local to it (its model files
+    could not be staged): the master then places the model again without that node.
+    """
+
     instance_id: InstanceId
     reason: str
+    replace_excluding: NodeId | None = None
 
 
 class TextGeneration(_Command):

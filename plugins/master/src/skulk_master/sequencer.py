@@ -222,9 +222,26 @@ class Master:
         await self.index(events, origin)
 
     async def _cmd_FailInstance(self, command: cmd.FailInstance, origin: str) -> None:
+        inst = self.state.instances.get(command.instance_id)
         events = self._teardown(command.instance_id, command.reason, failed=True)
         await self._fail_streams(events)
         await self.index(events, origin)
+        if inst is not None and command.replace_excluding is not None:
+            await self._replace(inst, (*inst.excluded_nodes, command.replace_excluding),
+                                len(inst.shard_assignments.node_to_runner))
+
+    async def _replace(self, inst: Any, excluded: tuple[NodeId, ...], min_nodes: int) -> bool:
+        """Place the model of a lost instance again, keeping the operator's exclusions."""
+        retry = cmd.PlaceInstance(command_id=CommandId(new_id()), model_id=inst.shard_assignments.model_id,
+                                  min_nodes=min_nodes, excluded_nodes=excluded)
+        try:
+            instance = plan_placement(self.node, retry, self.state)
+        except PlacementError as exc:
+            log.error("cannot re-place %s: %s", retry.model_id, exc.message)
+            return False
+        log.info("re-placing %s as %s", retry.model_id, instance.instance_id)
+        await self.index([ev.InstanceCreated(instance=instance)], self.node.node_id)
+        return True
 
     async def _cmd_RefuseInstancePlacement(self, command: cmd.RefuseInstancePlacement, origin: str) -> None:
         inst = self.state.instances.get(command.instance_id)
@@ -385,16 +402,8 @@ class Master:
         await self.index(events, self.node.node_id)
         self.node.readings.forget(node_id)
         for inst in lost:
-            retry = cmd.PlaceInstance(command_id=CommandId(new_id()), model_id=inst.shard_assignments.model_id,
-                                      min_nodes=len(inst.shard_assignments.node_to_runner),
-                                      excluded_nodes=(*inst.excluded_nodes, NodeId(node_id)))
-            try:
-                instance = plan_placement(self.node, retry, self.state)
-            except PlacementError as exc:
-                log.error("cannot re-place %s after losing %s: %s", retry.model_id, node_id, exc.message)
-                continue
-            log.info("re-placing %s as %s", retry.model_id, instance.instance_id)
-            await self.index([ev.InstanceCreated(instance=instance)], self.node.node_id)
+            await self._replace(inst, (*inst.excluded_nodes, NodeId(node_id)),
+                                len(inst.shard_assignments.node_to_runner))
 
     async def _place_defaults(self) -> None:
         if self.node.options.extra.get("no_default_models") or not self.config.default_models:

@@ -16,7 +16,7 @@ import psutil
 from skulk_kernel import commands as cmd
 from skulk_kernel import events as ev
 from skulk_kernel.contracts import RunnerSpec
-from skulk_kernel.ids import CommandId, new_id
+from skulk_kernel.ids import CommandId, NodeId, new_id
 from skulk_kernel.inference import catalog
 from skulk_kernel.profiles import Profile
 
@@ -143,7 +143,8 @@ class Worker:
             log.exception("could not stage %s", model_id)
             await self.node.emit(ev.DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))
             await self.node.submit(cmd.FailInstance(command_id=CommandId(new_id()), instance_id=instance.instance_id,
-                                                    reason=f"could not stage {model_id} on {node_id}: {exc}"))
+                                                    reason=f"could not stage {model_id} on {node_id}: {exc}",
+                                                    replace_excluding=NodeId(node_id)))
             return
         await self.node.emit(ev.DownloadCompleted(node_id=node_id, model_id=model_id, total_bytes=card.storage_size))
         if instance.instance_id not in self.node.state.instances:
