@@ -104,14 +104,24 @@ def test_place_second_copy_then_delete(llama_node):
 
 
 def test_placement_that_cannot_fit_names_node_and_arithmetic(llama_node, tmp_path):
-    folder = tmp_path / "giant-model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 80,
-                                                     "hidden_size": 8192, "num_attention_heads": 64,
-                                                     "num_key_value_heads": 8}))
-    with open(folder / "model.safetensors", "wb") as f:  # sparse: 4 TB on paper, nothing on disk
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "giant.gguf"  # a real GGUF header for an 80-layer model...
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(80)
+    writer.add_embedding_length(8192)
+    writer.add_head_count(64)
+    writer.add_head_count_kv(8)
+    writer.add_context_length(8192)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with open(path, "r+b") as f:  # ...and 4 TB of weights on paper (sparse: nothing on disk)
         f.truncate(4 * 1024**4)
-    added = llama_node.post("/models/add", json={"path": str(folder), "model_id": "test/giant"})
+    added = llama_node.post("/models/add", json={"path": str(path), "model_id": "test/giant"})
     assert added.status_code == 200, added.text
     refused = llama_node.post("/place_instance", json={"model_id": "test/giant"})
     assert refused.status_code == 400
