@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,11 @@ import anthropic
 import httpx
 import pytest
 from anthropic import Anthropic
-from skulk_testing.nodes import NodeProcess, start_node
+from skulk_testing.echo_node import ECHO, EMBED, SLOW, WEATHER, echo_node
+from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
 
-ECHO = "skulk/echo"
-EMBED = "skulk/echo-embed"
 TOOLS: list[dict[str, Any]] = [
     {
         "name": "get_weather",
@@ -26,60 +24,13 @@ TOOLS: list[dict[str, Any]] = [
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     }
 ]
-WEATHER = '/tool get_weather {"city":"Paris"}'
-SLOW = "/slow " + " ".join(f"w{i}" for i in range(200))  # 50 ms a token: ~10 s if nobody stops it
 HEADERS = {"anthropic-version": "2023-06-01", "x-api-key": "x"}
-
-
-ALL_PLUGINS = [
-    "master",
-    "worker",
-    "engine-echo",
-    "store",
-    "api-control",
-    "api-openai",
-    "api-anthropic",
-    "api-ollama",
-]
-OPTIONAL = {"store", "api-openai", "api-ollama"}  # used when installed (others may be working on them)
-
-
-def plugins() -> list[str]:
-    installed = {e.name for e in entry_points(group="skulk.plugins")}
-    return [p for p in ALL_PLUGINS if p not in OPTIONAL or p in installed]
-
-
-def write_profile(folder: Path, default_models: list[str], extra: str = "") -> Path:
-    path = folder / "profile.toml"
-    path.write_text(
-        "[profile]\n"
-        'name = "api-anthropic-test"\n'
-        f"plugins = {json.dumps(plugins())}\n\n"
-        "[plugins.master]\n"
-        f"default_models = {json.dumps(default_models)}\n" + extra
-    )
-    return path
-
-
-def serving_node(folder: Path, models: list[str], extra: str = "") -> NodeProcess:
-    proc = start_node(str(write_profile(folder, models, extra)), home=folder / "home")
-    try:
-        proc.wait_api(timeout=90)
-        for model in models:
-            proc.wait_ready(model, timeout=90)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    proc = serving_node(tmp_path_factory.mktemp("api-anthropic"), [ECHO, EMBED])
-    try:
+    with echo_node(tmp_path_factory.mktemp("api-anthropic"), [ECHO, EMBED], name="api-anthropic-test") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -255,8 +206,6 @@ def test_models_list_terminates_and_is_anthropic_shaped(client: Anthropic, node:
 
 
 def test_openai_clients_still_get_the_openai_model_list(node: NodeProcess) -> None:
-    if "api-openai" not in plugins():
-        pytest.skip("api-openai is not installed")
     body = node.get("/v1/models", headers={"Authorization": "Bearer x"}).json()
     assert body["object"] == "list" and all(m["object"] == "model" for m in body["data"])
 
@@ -409,8 +358,8 @@ def test_cancel_by_message_id_ends_the_stream_cleanly(node: NodeProcess) -> None
 
 
 def test_pings_while_waiting_for_the_first_token(tmp_path: Path) -> None:
-    proc = serving_node(tmp_path, [ECHO], "\n[plugins.api-anthropic]\nkeepalive_s = 0.02\n")
-    try:
+    extra = "\n[plugins.api-anthropic]\nkeepalive_s = 0.02\n"
+    with echo_node(tmp_path, [ECHO], extra=extra, name="api-anthropic-test") as proc:
         events = sse_events(proc, {"model": ECHO, "max_tokens": 64, "stream": True, "messages": user("/slow a b")})
         names = [n for n, _ in events]
         assert names[0] == "message_start" and names[1] == "ping" and names[-1] == "message_stop"
@@ -418,5 +367,3 @@ def test_pings_while_waiting_for_the_first_token(tmp_path: Path) -> None:
         client = Anthropic(base_url=proc.url, api_key="x", max_retries=0, timeout=20)
         with client.messages.stream(model=ECHO, max_tokens=64, messages=user("/slow x y")) as stream:
             assert stream.get_final_text() == "/slow x y"
-    finally:
-        proc.stop()

@@ -5,73 +5,22 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 import httpx
 import ollama
 import pytest
-from skulk_testing.nodes import NodeProcess, start_node
+from skulk_testing.echo_node import ECHO, EMBED, SLOW, WEATHER, echo_node
+from skulk_testing.echo_node import WEATHER_TOOLS as TOOLS
+from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
-
-ECHO = "skulk/echo"
-EMBED = "skulk/echo-embed"
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-WEATHER = '/tool get_weather {"city":"Paris"}'
-SLOW = "/slow " + " ".join(f"w{i}" for i in range(200))  # 50 ms a token: ~10 s if nobody stops it
-ALL_PLUGINS = [
-    "master",
-    "worker",
-    "engine-echo",
-    "store",
-    "api-control",
-    "api-openai",
-    "api-anthropic",
-    "api-ollama",
-]
-OPTIONAL = {"store", "api-openai", "api-anthropic"}  # used when installed (others may be working on them)
-
-
-def write_profile(folder: Path) -> Path:
-    installed = {e.name for e in entry_points(group="skulk.plugins")}
-    plugins = [p for p in ALL_PLUGINS if p not in OPTIONAL or p in installed]
-    path = folder / "profile.toml"
-    path.write_text(
-        "[profile]\n"
-        'name = "api-ollama-test"\n'
-        f"plugins = {json.dumps(plugins)}\n\n"
-        "[plugins.master]\n"
-        f"default_models = {json.dumps([ECHO, EMBED])}\n"
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    folder = tmp_path_factory.mktemp("api-ollama")
-    proc = start_node(str(write_profile(folder)), home=folder / "home")
-    try:
-        proc.wait_api(timeout=90)
-        proc.wait_ready(ECHO, timeout=90)
-        proc.wait_ready(EMBED, timeout=90)
+    with echo_node(tmp_path_factory.mktemp("api-ollama"), [ECHO, EMBED], name="api-ollama-test") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,65 +7,26 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from openai import OpenAI
-from skulk_testing.nodes import NodeProcess, start_node
+from skulk_testing.echo_node import CORE_PLUGINS, ECHO, EMBED, SLOW, WEATHER, echo_node
+from skulk_testing.echo_node import WEATHER_TOOLS as TOOLS
+from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
 
-ECHO = "skulk/echo"
-EMBED = "skulk/echo-embed"
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-WEATHER = '/tool get_weather {"city":"Paris"}'
-
-
-def write_profile(folder: Path, default_models: list[str], extra: str = "") -> Path:
-    path = folder / "profile.toml"
-    models = ", ".join(json.dumps(m) for m in default_models)
-    path.write_text(
-        "[profile]\n"
-        'name = "api-openai-test"\n'
-        'plugins = ["master", "worker", "engine-echo", "api-control", "api-openai"]\n\n'
-        "[plugins.master]\n"
-        f"default_models = [{models}]\n" + extra
-    )
-    return path
-
-
-def wait_serving(node: NodeProcess, models: list[str], timeout: float = 90) -> None:
-    """The API is up and every model has a ready instance (GET /node_id and GET /state of api-control)."""
-    node.wait_api(timeout=timeout)
-    for model in models:
-        node.wait_ready(model, timeout=timeout)
+PLUGINS = [*CORE_PLUGINS, "api-openai"]
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     folder = tmp_path_factory.mktemp("api-openai")
-    proc = start_node(str(write_profile(folder, [ECHO, EMBED])), home=folder / "home")
-    try:
-        wait_serving(proc, [ECHO, EMBED])
+    with echo_node(folder, [ECHO, EMBED], PLUGINS, name="api-openai-test") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -532,9 +493,6 @@ def test_unknown_model_is_not_found(client: OpenAI) -> None:
 # --- disconnects ---------------------------------------------------------------------------------
 
 
-SLOW = "/slow " + " ".join(f"w{i}" for i in range(200))  # 50 ms a token: ~10 s if nobody stops it
-
-
 def _open_tasks(node: NodeProcess) -> int:
     return len(node.state()["tasks"])
 
@@ -624,13 +582,9 @@ def test_concurrent_streams_stay_separate(client: OpenAI) -> None:
 @pytest.fixture(scope="module")
 def keepalive_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     folder = tmp_path_factory.mktemp("api-openai-keepalive")
-    profile = write_profile(folder, [ECHO], "\n[plugins.api-openai]\nkeepalive_s = 0.02\n")
-    proc = start_node(str(profile), home=folder / "home")
-    try:
-        wait_serving(proc, [ECHO])
+    extra = "\n[plugins.api-openai]\nkeepalive_s = 0.02\n"
+    with echo_node(folder, [ECHO], PLUGINS, extra, name="api-openai-test") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_keepalive_while_waiting_for_the_first_token(keepalive_node: NodeProcess) -> None:

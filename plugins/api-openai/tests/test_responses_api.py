@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from openai import OpenAI
-from skulk_testing.nodes import NodeProcess, start_node
+from skulk_testing.echo_node import CORE_PLUGINS, ECHO, SLOW, WEATHER, echo_node
+from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
 
-ECHO = "skulk/echo"
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -32,8 +31,7 @@ TOOLS: list[dict[str, Any]] = [
         "strict": True,
     }
 ]
-WEATHER = '/tool get_weather {"city":"Paris"}'
-SLOW = "/slow " + " ".join(f"w{i}" for i in range(200))  # 50 ms a token: ~10 s if nobody stops it
+PLUGINS = [*CORE_PLUGINS, "api-openai"]
 
 
 def echo_words(text: str) -> int:
@@ -44,21 +42,8 @@ def echo_words(text: str) -> int:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     folder = tmp_path_factory.mktemp("api-openai-responses")
-    profile = folder / "profile.toml"
-    profile.write_text(
-        "[profile]\n"
-        'name = "api-openai-responses-test"\n'
-        'plugins = ["master", "worker", "engine-echo", "api-control", "api-openai"]\n\n'
-        "[plugins.master]\n"
-        f"default_models = [{json.dumps(ECHO)}]\n"
-    )
-    proc = start_node(str(profile), home=Path(folder) / "home")
-    try:
-        proc.wait_api(timeout=90)
-        proc.wait_ready(ECHO, timeout=90)
+    with echo_node(folder, [ECHO], PLUGINS, name="api-openai-responses-test") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -393,22 +378,9 @@ def test_cancel_by_command_id_ends_the_stream_cleanly(node: NodeProcess) -> None
 @pytest.fixture(scope="module")
 def keepalive_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     folder = tmp_path_factory.mktemp("api-openai-responses-keepalive")
-    profile = folder / "profile.toml"
-    profile.write_text(
-        "[profile]\n"
-        'name = "api-openai-responses-keepalive"\n'
-        'plugins = ["master", "worker", "engine-echo", "api-control", "api-openai"]\n\n'
-        "[plugins.master]\n"
-        f"default_models = [{json.dumps(ECHO)}]\n\n"
-        "[plugins.api-openai]\nkeepalive_s = 0.02\n"
-    )
-    proc = start_node(str(profile), home=Path(folder) / "home")
-    try:
-        proc.wait_api(timeout=90)
-        proc.wait_ready(ECHO, timeout=90)
+    extra = "\n[plugins.api-openai]\nkeepalive_s = 0.02\n"
+    with echo_node(folder, [ECHO], PLUGINS, extra, name="api-openai-responses-keepalive") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_keepalive_while_waiting_for_the_first_token(keepalive_node: NodeProcess) -> None:
