@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from openai_error_asserts import assert_openai_error
 from skulk_testing.echo_node import CORE_PLUGINS, ECHO, SLOW, WEATHER, echo_node
 from skulk_testing.nodes import NodeProcess
 
@@ -281,16 +282,7 @@ def test_bad_requests_are_openai_4xx(
     if stream and body.startswith(b"{") and why != "invalid json":
         body = json.dumps({**json.loads(body), "stream": True}).encode()
     r = node.post("/v1/responses", content=body, headers={"content-type": "application/json"}, timeout=10)
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    assert r.headers["x-should-retry"] == "false"
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    if param is not None:
-        assert error["param"] == param
-    if why == "context overflow":
-        assert error["code"] == "context_length_exceeded"
+    assert_openai_error(r, status, param, "context_length_exceeded" if why == "context overflow" else None)
 
 
 def test_sdk_raises_typed_errors(client: OpenAI) -> None:
