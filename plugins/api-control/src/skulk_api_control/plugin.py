@@ -13,9 +13,11 @@ from skulk_kernel import hookimpl
 
 @hookimpl
 def register_api_routes(app: Any, node: Any) -> None:
+    from .dashboard import add_dashboard_routes
     from .routes import add_control_routes
 
     add_control_routes(app, node)
+    add_dashboard_routes(app, node)
 
 
 @hookimpl
