@@ -1,0 +1,98 @@
+"""Wire formats of this transport, pure bytes in and out (no libp2p), so they are unit-tested alone.
+
+* A gossipsub message's data is ``MAGIC | len(sender) | sender | seq (8 bytes) | payload``: the
+  node id of its publisher and that publisher's sequence number on the topic. py-libp2p hands
+  received messages on in tasks of their own, which trio runs in any order, so the receiver puts
+  them back in order by `seq` (reorder.py).
+* Direct streams (links and requests) carry frames ``length (4 bytes) | kind (1 byte) | body``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"SKL1"
+_SEQ = struct.Struct(">Q")
+_LEN = struct.Struct(">I")
+
+# link frame kinds
+HELLO = b"H"  # body: json {"node": id, "v": version, "addrs": [multiaddr...]}; first frame on a link
+BEAT = b"B"  # empty; keeps the peer's lease
+MESSAGE = b"M"  # body: len(topic) | topic | payload: node-addressed send()
+# request stream frames
+REQUEST = b"Q"  # body: len(topic) | topic | len(sender) | sender | payload
+REPLY = b"R"  # body: the handler's reply
+ERROR = b"E"  # body: utf-8 reason
+
+
+class MalformedFrame(ValueError):
+    pass
+
+
+def sender_header(node_id: str) -> bytes:
+    raw = node_id.encode()
+    if not raw or len(raw) > 255:
+        raise ValueError(f"node id {node_id!r} must be 1-255 bytes")
+    return raw
+
+
+def encode_broadcast(sender: bytes, seq: int, payload: bytes) -> bytes:
+    return b"".join((MAGIC, bytes((len(sender),)), sender, _SEQ.pack(seq), payload))
+
+
+def decode_broadcast(data: bytes) -> tuple[str, int, bytes]:
+    """(sender node id, seq, payload); MalformedFrame for anything else."""
+    if len(data) < len(MAGIC) + 1 or data[: len(MAGIC)] != MAGIC:
+        raise MalformedFrame(f"no skulk header ({len(data)} bytes, starts {data[:8]!r})")
+    n = data[len(MAGIC)]
+    start = len(MAGIC) + 1
+    end = start + n
+    if n == 0 or len(data) < end + _SEQ.size:
+        raise MalformedFrame(f"truncated header ({len(data)} bytes, sender length {n})")
+    try:
+        sender = data[start:end].decode()
+    except UnicodeDecodeError as exc:
+        raise MalformedFrame(f"sender id is not utf-8: {exc}") from None
+    (seq,) = _SEQ.unpack_from(data, end)
+    return sender, seq, data[end + _SEQ.size :]
+
+
+def encode_frame(kind: bytes, body: bytes = b"") -> bytes:
+    return _LEN.pack(len(body) + 1) + kind + body
+
+
+def parse_frame_length(header: bytes, limit: int) -> int:
+    """The body length (kind byte included) of a frame whose 4-byte header is `header`."""
+    (length,) = _LEN.unpack(header)
+    if length < 1 or length > limit:
+        raise MalformedFrame(f"frame length {length} outside 1..{limit}")
+    return length
+
+
+def pack_fields(*fields: bytes) -> bytes:
+    """Short fields, each 1-byte length prefixed, then nothing: the caller appends a payload."""
+    out = []
+    for field in fields:
+        if len(field) > 255:
+            raise ValueError(f"field of {len(field)} bytes is longer than 255")
+        out += [bytes((len(field),)), field]
+    return b"".join(out)
+
+
+def unpack_fields(body: bytes, count: int) -> tuple[list[str], bytes]:
+    """`count` short utf-8 fields, then the rest of `body`."""
+    fields: list[str] = []
+    at = 0
+    for _ in range(count):
+        if at >= len(body):
+            raise MalformedFrame("truncated field")
+        n = body[at]
+        end = at + 1 + n
+        if end > len(body):
+            raise MalformedFrame("truncated field")
+        try:
+            fields.append(body[at + 1 : end].decode())
+        except UnicodeDecodeError as exc:
+            raise MalformedFrame(f"field is not utf-8: {exc}") from None
+        at = end
+    return fields, body[at:]

@@ -1,0 +1,28 @@
+"""Entry point of the transport-libp2p plugin. Imports neither libp2p nor trio: the transport does, on start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
+
+from .config import Libp2pConfig
+
+PLUGIN = "transport-libp2p"
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, Libp2pConfig)
+
+
+@hookimpl
+def register_transports(register: Callable[[Any], None], node: NodeSurface | None) -> None:
+    """One Libp2pTransport ("libp2p") per node object; the profile's [planes] picks its planes."""
+    from .transport import Libp2pTransport
+
+    config = node.plugin_config(PLUGIN) if node is not None else None
+    register(Libp2pTransport(config or Libp2pConfig(), node=node))
