@@ -1,0 +1,36 @@
+"""Entry point of the MLX engine plugin. Imports neither mlx nor mlx_lm at module level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import Engine
+
+PLUGIN = "engine-mlx"
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    from .options import MlxConfig
+
+    register(PLUGIN, MlxConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Engine], None]) -> None:
+    from .engine import MlxEngine
+
+    register(MlxEngine())
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    from .engine import mlx_usable, mlx_version
+
+    version = mlx_version()
+    if version is not None:
+        reason = mlx_usable()
+        facts.setdefault("engine_builds", {})["mlx"] = f"mlx {version}" if reason is None else f"unusable: {reason}"
