@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernel" / "src"))
 import msgpack
 from skulk_kernel import events as ev
 from skulk_kernel.apply import apply
-from skulk_kernel.instances import MlxRingInstance, PipelineShardMetadata, RunnerReady, RunnerRunning, ShardAssignments
+from skulk_kernel.instances import RingInstance, PipelineShardMetadata, RunnerReady, RunnerRunning, ShardAssignments
 from skulk_kernel.state import State
 from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams, TextGenerationTask
 
@@ -38,17 +38,33 @@ def make_log(n: int) -> list[ev.IndexedEvent]:
     def add(event: Any) -> None:
         out.append(ev.IndexedEvent(idx=len(out), origin=node, at=at, event=event))
 
-    def instance(i: int) -> MlxRingInstance:
-        shard = PipelineShardMetadata(model_id="m", device_rank=0, world_size=1, start_layer=0, end_layer=30,
-                                      n_layers=30, backend="llama_server-cpu")
-        return MlxRingInstance(instance_id=f"inst-{i}", engine="llama_server", context_limit=8192,
-                               shard_assignments=ShardAssignments(model_id="m", runner_to_shard={f"r-{i}": shard},
-                                                                  node_to_runner={node: f"r-{i}"}))
+    def instance(i: int) -> RingInstance:
+        shard = PipelineShardMetadata(
+            model_id="m",
+            device_rank=0,
+            world_size=1,
+            start_layer=0,
+            end_layer=30,
+            n_layers=30,
+            backend="llama_server-cpu",
+        )
+        return RingInstance(
+            instance_id=f"inst-{i}",
+            engine="llama_server",
+            context_limit=8192,
+            shard_assignments=ShardAssignments(
+                model_id="m", runner_to_shard={f"r-{i}": shard}, node_to_runner={node: f"r-{i}"}
+            ),
+        )
 
-    params = TextGenerationParams(model_id="m", messages=(
-        ChatMessage(role="system", content="You are a helpful assistant."),
-        ChatMessage(role="user", content="Write a haiku about distributed inference."),
-    ), sampling=SamplingParams(temperature=0.7, max_tokens=128))
+    params = TextGenerationParams(
+        model_id="m",
+        messages=(
+            ChatMessage(role="system", content="You are a helpful assistant."),
+            ChatMessage(role="user", content="Write a haiku about distributed inference."),
+        ),
+        sampling=SamplingParams(temperature=0.7, max_tokens=128),
+    )
     add(ev.InstanceCreated(instance=instance(0)))
     add(ev.RunnerStatusUpdated(runner_id="r-0", status=RunnerReady()))
     req = 0
@@ -57,8 +73,13 @@ def make_log(n: int) -> list[ev.IndexedEvent]:
             add(ev.InstanceCreated(instance=instance(req)))
             add(ev.InstanceDeleted(instance_id=f"inst-{req}"))
         tid = f"task-{req}"
-        add(ev.TaskCreated(task=TextGenerationTask(task_id=tid, command_id=tid, instance_id="inst-0",
-                                                   owner_node_id=node, params=params)))
+        add(
+            ev.TaskCreated(
+                task=TextGenerationTask(
+                    task_id=tid, command_id=tid, instance_id="inst-0", owner_node_id=node, params=params
+                )
+            )
+        )
         add(ev.TaskAcknowledged(task_id=tid))
         add(ev.RunnerStatusUpdated(runner_id="r-0", status=RunnerRunning()))
         add(ev.TaskStatusUpdated(task_id=tid, status="Complete"))

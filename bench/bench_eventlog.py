@@ -72,9 +72,7 @@ def make_records(n: int, seed: int = 7) -> list[dict[str, Any]]:
                 }
             )
         else:
-            out.append(
-                {"TaskStatusUpdated": {"taskId": rng.choice(ids), "status": "Complete", "at": 1.7e9 + i}}
-            )
+            out.append({"TaskStatusUpdated": {"taskId": rng.choice(ids), "status": "Complete", "at": 1.7e9 + i}})
     return out
 
 

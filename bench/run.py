@@ -34,8 +34,11 @@ def _ensure_venv() -> None:
         import skulk_testing  # noqa: F401
     except ImportError:
         venv_python = ROOT / ".venv" / "bin" / "python"
-        if venv_python.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() \
-                and not os.environ.get("SKULK_BENCH_REEXEC"):
+        if (
+            venv_python.exists()
+            and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve()
+            and not os.environ.get("SKULK_BENCH_REEXEC")
+        ):
             os.environ["SKULK_BENCH_REEXEC"] = "1"
             os.execv(str(venv_python), [str(venv_python), *sys.argv])
         sys.exit("bench/run.py needs Skulk installed: run ./skulk setup, then .venv/bin/python bench/run.py")
@@ -85,29 +88,79 @@ def default_models_dir() -> Path:
 def settings_from(args: argparse.Namespace) -> Settings:
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     presets: dict[str, dict[str, Any]] = {
-        "full": dict(kernel_records=100_000, kernel_repeats=3, apply_events=30_000, serving_pairs=16, ttft_probes=40,
-                     serving_max_tokens=128, format_rounds=5, concurrency_levels=[1, 2, 4, 8, 16],
-                     concurrency_max_tokens=64, concurrency_min_requests=4, cold_starts=3, measure_provisioning=True,
-                     cluster_tokens=200, cluster_rounds=10, cluster_commands=200, cluster_log_targets=[1000, 4000],
-                     cluster_failover=["clean", "kill"], cluster_recovery_timeout_s=30.0),
-        "quick": dict(kernel_records=20_000, kernel_repeats=1, apply_events=5_000, serving_pairs=4, ttft_probes=8,
-                      serving_max_tokens=64, format_rounds=2, concurrency_levels=[1, 4], concurrency_max_tokens=64,
-                      concurrency_min_requests=2, cold_starts=1, measure_provisioning=False, cluster_tokens=100,
-                      cluster_rounds=4, cluster_commands=50, cluster_log_targets=[300], cluster_failover=["kill"],
-                      cluster_recovery_timeout_s=10.0),
-        "tiny": dict(kernel_records=2_000, kernel_repeats=1, apply_events=500, serving_pairs=2, ttft_probes=2,
-                     serving_max_tokens=16, format_rounds=1, concurrency_levels=[1, 2], concurrency_max_tokens=8,
-                     concurrency_min_requests=1,
-                     cold_starts=1, measure_provisioning=False, cluster_tokens=20, cluster_rounds=2,
-                     cluster_commands=10, cluster_log_targets=[], cluster_failover=["kill"],
-                     cluster_recovery_timeout_s=5.0),
+        "full": dict(
+            kernel_records=100_000,
+            kernel_repeats=3,
+            apply_events=30_000,
+            serving_pairs=16,
+            ttft_probes=40,
+            serving_max_tokens=128,
+            format_rounds=5,
+            concurrency_levels=[1, 2, 4, 8, 16],
+            concurrency_max_tokens=64,
+            concurrency_min_requests=4,
+            cold_starts=3,
+            measure_provisioning=True,
+            cluster_tokens=200,
+            cluster_rounds=10,
+            cluster_commands=200,
+            cluster_log_targets=[1000, 4000],
+            cluster_failover=["clean", "kill"],
+            cluster_recovery_timeout_s=30.0,
+        ),
+        "quick": dict(
+            kernel_records=20_000,
+            kernel_repeats=1,
+            apply_events=5_000,
+            serving_pairs=4,
+            ttft_probes=8,
+            serving_max_tokens=64,
+            format_rounds=2,
+            concurrency_levels=[1, 4],
+            concurrency_max_tokens=64,
+            concurrency_min_requests=2,
+            cold_starts=1,
+            measure_provisioning=False,
+            cluster_tokens=100,
+            cluster_rounds=4,
+            cluster_commands=50,
+            cluster_log_targets=[300],
+            cluster_failover=["kill"],
+            cluster_recovery_timeout_s=10.0,
+        ),
+        "tiny": dict(
+            kernel_records=2_000,
+            kernel_repeats=1,
+            apply_events=500,
+            serving_pairs=2,
+            ttft_probes=2,
+            serving_max_tokens=16,
+            format_rounds=1,
+            concurrency_levels=[1, 2],
+            concurrency_max_tokens=8,
+            concurrency_min_requests=1,
+            cold_starts=1,
+            measure_provisioning=False,
+            cluster_tokens=20,
+            cluster_rounds=2,
+            cluster_commands=10,
+            cluster_log_targets=[],
+            cluster_failover=["kill"],
+            cluster_recovery_timeout_s=5.0,
+        ),
     }
     counts: dict[str, Any] = presets[mode]
     if args.levels:
         counts["concurrency_levels"] = [int(x) for x in args.levels.split(",")]
-    return Settings(profile=args.profile, model=args.model, models_dir=Path(args.models_dir),
-                    quick=mode != "full", skip_inprocess=args.skip_inprocess,
-                    startup_timeout_s=args.startup_timeout, **counts)
+    return Settings(
+        profile=args.profile,
+        model=args.model,
+        models_dir=Path(args.models_dir),
+        quick=mode != "full",
+        skip_inprocess=args.skip_inprocess,
+        startup_timeout_s=args.startup_timeout,
+        **counts,
+    )
 
 
 def model_block(bench: Bench) -> dict[str, Any]:
@@ -127,17 +180,24 @@ def model_block(bench: Bench) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     m = report["machine"]
-    print(f"\nSkulk benchmarks {report['started_at']} ({report['mode']}, {report['duration_s']:.0f} s) on "
-          f"{m['cpu_model']} x{m['cpu_count']}, {m['memory_total_bytes'] / 2**30:.1f} GiB, load {m['load_average']}")
-    print(f"model {report['model'].get('id')} {report['model'].get('quantization') or ''}; "
-          f"kernel {report['versions'].get('skulk-kernel')}, xllamacpp {report['versions'].get('xllamacpp')}, "
-          f"llama-cpp-python {report['versions'].get('llama-cpp-python')}")
+    print(
+        f"\nSkulk benchmarks {report['started_at']} ({report['mode']}, {report['duration_s']:.0f} s) on "
+        f"{m['cpu_model']} x{m['cpu_count']}, {m['memory_total_bytes'] / 2**30:.1f} GiB, load {m['load_average']}"
+    )
+    print(
+        f"model {report['model'].get('id')} {report['model'].get('quantization') or ''}; "
+        f"kernel {report['versions'].get('skulk-kernel')}, xllamacpp {report['versions'].get('xllamacpp')}, "
+        f"llama-cpp-python {report['versions'].get('llama-cpp-python')}"
+    )
     width = 46
     print(f"{'section / metric':<{width}} {'value':>14} {'baseline':>10} {'ratio':>8}  goal")
     for name, sec in report["sections"].items():
         reason = str(sec["reason"] or "").split("\n")[0]
-        status = "" if sec["status"] == "ok" else (
-            f"  [{reason}]" if reason.startswith(sec["status"]) else f"  [{sec['status']}: {reason}]")
+        status = (
+            ""
+            if sec["status"] == "ok"
+            else (f"  [{reason}]" if reason.startswith(sec["status"]) else f"  [{sec['status']}: {reason}]")
+        )
         print(f"-- {name}{status}")
         for row in sec["rows"]:
             value = row["value"]
@@ -147,7 +207,7 @@ def print_table(report: dict[str, Any]) -> None:
             base = f"{base:.4g}" if isinstance(base, float) else ("" if base is None else str(base))
             rat = row["ratio"]
             rat = f"{rat:.3f}" if isinstance(rat, (int, float)) else ""
-            print(f"  {row['metric'][:width - 2]:<{width - 2}} {shown:>14} {base:>10} {rat:>8}  {row['goal'] or ''}")
+            print(f"  {row['metric'][: width - 2]:<{width - 2}} {shown:>14} {base:>10} {rat:>8}  {row['goal'] or ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON report and plots")
     ap.add_argument("--profile", default="cpu-llamacpp", help="node profile (bundled name or .toml path)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="chat model the profile places (e.g. skulk/echo for dev)")
-    ap.add_argument("--models-dir", default=str(default_models_dir()),
-                    help="provisioned models ($SKULK_MODELS_DIR, else $SKULK_TEST_MODELS_DIR, "
-                         "else <tmp>/skulk-test-models)")
+    ap.add_argument(
+        "--models-dir",
+        default=str(default_models_dir()),
+        help="provisioned models ($SKULK_MODELS_DIR, else $SKULK_TEST_MODELS_DIR, else <tmp>/skulk-test-models)",
+    )
     ap.add_argument("--skip-inprocess", action="store_true", help="no in-process engine baseline in `serving`")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     ap.add_argument("--levels", default="", help="concurrency levels, e.g. 1,2,4 (overrides the mode's)")
@@ -183,16 +245,27 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     bench = Bench(settings)
     report: dict[str, Any] = {
-        "schema": SCHEMA, "started_at": utc_now(), "finished_at": None, "duration_s": 0.0,
+        "schema": SCHEMA,
+        "started_at": utc_now(),
+        "finished_at": None,
+        "duration_s": 0.0,
         "mode": "tiny" if args.tiny else "quick" if args.quick else "full",
-        "command": [Path(sys.executable).name, *sys.argv], "settings": settings.as_json(),
-        "machine": machine_info(), "versions": package_versions(), "git": git_info(),
-        "model": {"id": settings.model}, "sections": {}, "summary": {}, "plots": [], "harness": {},
+        "command": [Path(sys.executable).name, *sys.argv],
+        "settings": settings.as_json(),
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_info(),
+        "model": {"id": settings.model},
+        "sections": {},
+        "summary": {},
+        "plots": [],
+        "harness": {},
     }
     started = time.perf_counter()
     bodies = {
-        "kernel": lambda sec: kernel.run(sec, records=settings.kernel_records, repeats=settings.kernel_repeats,
-                                         events=settings.apply_events),
+        "kernel": lambda sec: kernel.run(
+            sec, records=settings.kernel_records, repeats=settings.kernel_repeats, events=settings.apply_events
+        ),
         "serving": lambda sec: serving.run(sec, bench),
         "concurrency": lambda sec: concurrency.run(sec, bench),
         "coldstart": lambda sec: coldstart.run(sec, bench),
@@ -211,17 +284,28 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pids = nodes.started_pids()
         bench.close()
-        report["harness"] = {"node_pids": pids, "nodes_started": len(pids), "network_version": bench.network_version,
-                             "all_stopped": all(not nodes.alive(n) for n in nodes.STARTED)}
+        report["harness"] = {
+            "node_pids": pids,
+            "nodes_started": len(pids),
+            "network_version": bench.network_version,
+            "all_stopped": all(not nodes.alive(n) for n in nodes.STARTED),
+        }
         report["model"] = model_block(bench)
         report["finished_at"] = utc_now()
         report["duration_s"] = round(time.perf_counter() - started, 2)
         report["machine_end"] = {"load_average": load_average()}
-        report["summary"] = {f"{name}.{key}": entry["value"] for name, sec in report["sections"].items()
-                             for key, entry in sec["ratios"].items()}
+        report["summary"] = {
+            f"{name}.{key}": entry["value"]
+            for name, sec in report["sections"].items()
+            for key, entry in sec["ratios"].items()
+        }
         for name in SECTIONS:  # an interrupted run still says which sections never ran
-            report["sections"].setdefault(name, Section(name, SECTIONS[name], status="skipped",
-                                                        reason="skipped: not reached (run interrupted)").to_json())
+            report["sections"].setdefault(
+                name,
+                Section(
+                    name, SECTIONS[name], status="skipped", reason="skipped: not reached (run interrupted)"
+                ).to_json(),
+            )
         if args.no_plots:
             report["plots"] = {"skipped": "--no-plots"}
         elif not plots.available():

@@ -30,8 +30,9 @@ def models_dir() -> Path:
 def llama_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One cpu-llamacpp node (the README's default profile) serving the two default models."""
     pytest.importorskip("xllamacpp")
-    node = start_node("cpu-llamacpp", home=tmp_path_factory.mktemp("llama-node"),
-                      env={"SKULK_MODELS_DIR": str(models_dir)})
+    node = start_node(
+        "cpu-llamacpp", home=tmp_path_factory.mktemp("llama-node"), env={"SKULK_MODELS_DIR": str(models_dir)}
+    )
     try:
         node.wait_api(timeout=60)
         node.wait_ready(CHAT_MODEL, timeout=300)

@@ -49,12 +49,23 @@ PLUGINS = ["transport-zenoh", "election-bully", "master", "worker", ENGINE, "sto
 
 def _profile(bench: Bench, name: str, version: str, listen: str, connect: list[str]) -> str:
     path = bench.scratch / f"{name}.toml"
-    path.write_text(nodes.profile_toml(
-        name, PLUGINS, {"control": "zenoh", "data": "zenoh"},
-        {"master": {"default_models": [MODEL]},
-         "transport-zenoh": {"listen": [listen], "connect": connect, "multicast_scouting": False,
-                             "network_version": version}},
-        "bench cluster node (written by bench/run.py)"))
+    path.write_text(
+        nodes.profile_toml(
+            name,
+            PLUGINS,
+            {"control": "zenoh", "data": "zenoh"},
+            {
+                "master": {"default_models": [MODEL]},
+                "transport-zenoh": {
+                    "listen": [listen],
+                    "connect": connect,
+                    "multicast_scouting": False,
+                    "network_version": version,
+                },
+            },
+            "bench cluster node (written by bench/run.py)",
+        )
+    )
     return str(path)
 
 
@@ -72,15 +83,22 @@ class Cluster:
         self.version = f"bench-{os.getpid()}-{int(time.time())}"
         self.port = free_port()
         self.seed_profile = _profile(bench, "bench-cluster-seed", self.version, f"tcp/127.0.0.1:{self.port}", [])
-        self.join_profile = _profile(bench, "bench-cluster-join", self.version, "tcp/127.0.0.1:0",
-                                     [f"tcp/127.0.0.1:{self.port}"])
+        self.join_profile = _profile(
+            bench, "bench-cluster-join", self.version, "tcp/127.0.0.1:0", [f"tcp/127.0.0.1:{self.port}"]
+        )
         self.members: list[NodeProcess] = []
         self.count = 0
 
     def start_seed(self) -> NodeProcess:
         t0 = time.perf_counter()
-        node = nodes.start(self.seed_profile, "--force-master", "--node-name", "bench-seed",
-                           home=nodes.scratch_dir("seed"), env=self.bench.env())
+        node = nodes.start(
+            self.seed_profile,
+            "--force-master",
+            "--node-name",
+            "bench-seed",
+            home=nodes.scratch_dir("seed"),
+            env=self.bench.env(),
+        )
         node.wait_api(timeout=self.bench.settings.startup_timeout_s)
         node.wait_ready(MODEL, timeout=self.bench.settings.startup_timeout_s)
         self.seed_ready_s = time.perf_counter() - t0
@@ -93,10 +111,19 @@ class Cluster:
         target = _runtime(master)["lastEventAppliedIdx"]
         master_id = master.get("/node_id").json()
         t0 = time.perf_counter()
-        node = nodes.start(self.join_profile, "--node-name", f"bench-join-{self.count}",
-                           home=nodes.scratch_dir(f"join{self.count}"), env=self.bench.env())
-        nodes.wait_for(lambda: node.get("/node_id", timeout=1).status_code == 200,
-                       self.bench.settings.startup_timeout_s, "the joining node's API", 0.05)
+        node = nodes.start(
+            self.join_profile,
+            "--node-name",
+            f"bench-join-{self.count}",
+            home=nodes.scratch_dir(f"join{self.count}"),
+            env=self.bench.env(),
+        )
+        nodes.wait_for(
+            lambda: node.get("/node_id", timeout=1).status_code == 200,
+            self.bench.settings.startup_timeout_s,
+            "the joining node's API",
+            0.05,
+        )
         api_s = time.perf_counter() - t0
 
         def synced() -> bool:
@@ -106,8 +133,12 @@ class Cluster:
         nodes.wait_for(synced, min(60.0, self.bench.settings.startup_timeout_s), "the joining node to catch up", 0.05)
         total = time.perf_counter() - t0
         self.members.append(node)
-        return node, {"log_length": target + 1, "api_up_s": round(api_s, 3), "synced_s": round(total, 3),
-                      "sync_after_api_s": round(total - api_s, 3)}
+        return node, {
+            "log_length": target + 1,
+            "api_up_s": round(api_s, 3),
+            "synced_s": round(total, 3),
+            "sync_after_api_s": round(total - api_s, 3),
+        }
 
     def leave(self, node: NodeProcess) -> None:
         node.stop()
@@ -141,8 +172,13 @@ def _grow_log(master: NodeProcess, target: int, threads: int = 6) -> dict[str, A
             t.join(30)
     end_idx = _runtime(master)["lastEventAppliedIdx"]
     took = time.perf_counter() - t0
-    return {"from": start_idx + 1, "to": end_idx + 1, "requests": sent[0], "seconds": round(took, 2),
-            "events_per_s": round((end_idx - start_idx) / took, 1) if took else None}
+    return {
+        "from": start_idx + 1,
+        "to": end_idx + 1,
+        "requests": sent[0],
+        "seconds": round(took, 2),
+        "events_per_s": round((end_idx - start_idx) / took, 1) if took else None,
+    }
 
 
 def _command_latency(node: NodeProcess, count: int) -> tuple[list[float], int]:
@@ -208,9 +244,13 @@ def _failover(cluster: Cluster, mode: str, recovery_timeout: float) -> dict[str,
     victim.kill(signal.SIGTERM if mode == "clean" else signal.SIGKILL)
     new = nodes.wait_for(lambda: (m := _agreed(survivors)) and m != old and m, 60, "a new master", 0.05)
     elected = time.perf_counter() - t0
-    out: dict[str, Any] = {"mode": "SIGTERM (goodbye)" if mode == "clean" else "SIGKILL",
-                           "members_before": len(cluster.members), "elected_s": round(elected, 3),
-                           "command_applied_s": None, "first_token_s": None}
+    out: dict[str, Any] = {
+        "mode": "SIGTERM (goodbye)" if mode == "clean" else "SIGKILL",
+        "members_before": len(cluster.members),
+        "elected_s": round(elected, 3),
+        "command_applied_s": None,
+        "first_token_s": None,
+    }
     leader = next(n for n in survivors if n.get("/node_id").json() == new)
     deadline = time.monotonic() + recovery_timeout
     with httpx.Client(timeout=3) as client:
@@ -218,8 +258,10 @@ def _failover(cluster: Cluster, mode: str, recovery_timeout: float) -> dict[str,
             try:
                 # the route returns at once when the value is already set: ask for the other one each time
                 enabled = not client.get(leader.url + "/v1/tracing").json()["enabled"]
-                if client.put(leader.url + "/v1/tracing", json={"enabled": enabled}).status_code == 200 and \
-                        client.get(leader.url + "/v1/tracing").json()["enabled"] == enabled:
+                if (
+                    client.put(leader.url + "/v1/tracing", json={"enabled": enabled}).status_code == 200
+                    and client.get(leader.url + "/v1/tracing").json()["enabled"] == enabled
+                ):
                     out["command_applied_s"] = round(time.perf_counter() - t0, 3)
                     break
             except (httpx.HTTPError, ValueError, KeyError):
@@ -227,23 +269,35 @@ def _failover(cluster: Cluster, mode: str, recovery_timeout: float) -> dict[str,
             time.sleep(0.05)
         if out["command_applied_s"] is not None:
             try:
-                placed = client.post(leader.url + "/place_instance", json={"model_id": MODEL},
-                                     timeout=max(0.5, deadline - time.monotonic()))
+                placed = client.post(
+                    leader.url + "/place_instance",
+                    json={"model_id": MODEL},
+                    timeout=max(0.5, deadline - time.monotonic()),
+                )
                 out["replace_status"] = placed.status_code
             except httpx.HTTPError as exc:
                 out["replace_status"] = f"{type(exc).__name__}"
             with new_client() as streams:
                 while time.monotonic() < deadline:
-                    got = stream_once(streams, survivors[0].url, "chat", MODEL, "after failover one two three", 3,
-                                      timeout=max(0.5, deadline - time.monotonic()))
+                    got = stream_once(
+                        streams,
+                        survivors[0].url,
+                        "chat",
+                        MODEL,
+                        "after failover one two three",
+                        3,
+                        timeout=max(0.5, deadline - time.monotonic()),
+                    )
                     if got.ok:
                         out["first_token_s"] = round(got.started_at + (got.ttft_s or 0) - t0, 3)
                         break
                     out["last_error"] = f"HTTP {got.status}: {(got.error or '')[:300]}"
                     time.sleep(0.1)
     if out["command_applied_s"] is None or out["first_token_s"] is None:
-        out["note"] = (f"no {'command applied' if out['command_applied_s'] is None else 'token'} within "
-                       f"{recovery_timeout:.0f} s of the stop")
+        out["note"] = (
+            f"no {'command applied' if out['command_applied_s'] is None else 'token'} within "
+            f"{recovery_timeout:.0f} s of the stop"
+        )
         out["survivor_errors"] = [e for n in survivors for e in _errors(n)][:4]
     victim.stop()
     cluster.members.remove(victim)
@@ -269,9 +323,14 @@ def run(section: Section, bench: Bench) -> None:
         phases[name] = round(time.perf_counter() - t_section, 2)
         log(f"   [{name}]")
 
-    section.context = {"engine": ENGINE, "model": MODEL, "plugins": {p: installed[p] for p in REQUIRED},
-                       "transport": "zenoh over loopback TCP, multicast scouting off, defaults otherwise",
-                       "network_version": cluster.version, "tokens_per_request": s.cluster_tokens}
+    section.context = {
+        "engine": ENGINE,
+        "model": MODEL,
+        "plugins": {p: installed[p] for p in REQUIRED},
+        "transport": "zenoh over loopback TCP, multicast scouting off, defaults otherwise",
+        "network_version": cluster.version,
+        "tokens_per_request": s.cluster_tokens,
+    }
     try:
         seed = cluster.start_seed()
         section.results["seed_ready_s"] = round(cluster.seed_ready_s, 3)
@@ -291,8 +350,9 @@ def run(section: Section, bench: Bench) -> None:
             for r in range(s.cluster_rounds):
                 order = ((seed, local), (follower, remote)) if r % 2 == 0 else ((follower, remote), (seed, local))
                 for node, bucket in order:
-                    bucket.append(stream_once(client, node.url, "chat", MODEL, f"{r} {prompt}", s.cluster_tokens,
-                                              timeout=30))
+                    bucket.append(
+                        stream_once(client, node.url, "chat", MODEL, f"{r} {prompt}", s.cluster_tokens, timeout=30)
+                    )
 
         def per_token_ms(results: list[Any]) -> float | None:
             spans = [(x.n_tokens - 1, x.decode_span_s) for x in results if x.ok and x.decode_span_s]
@@ -312,28 +372,46 @@ def run(section: Section, bench: Bench) -> None:
             "requests_each": s.cluster_rounds,
             "errors": [x.error for x in local + remote if not x.ok][:3],
         }
-        section.add_ratio("remote_vs_local_ms_per_token", ratio(rp, lp), "ms per token through the node hosting "
-                          "the runner (local API)")
+        section.add_ratio(
+            "remote_vs_local_ms_per_token",
+            ratio(rp, lp),
+            "ms per token through the node hosting the runner (local API)",
+        )
         section.add_ratio("remote_vs_local_ttft", ratio(rt, lt), "TTFT p50 through the local API")
         section.row("ms/token local API (echo)", section.results["remote_api"]["local_ms_per_token"], "ms")
-        section.row("ms/token remote API node", section.results["remote_api"]["remote_ms_per_token"], "ms",
-                    baseline=section.results["remote_api"]["local_ms_per_token"], ratio=ratio(rp, lp))
-        section.row("TTFT p50 remote API node", section.results["remote_api"]["remote_ttft_ms_p50"], "ms",
-                    baseline=section.results["remote_api"]["local_ttft_ms_p50"], ratio=ratio(rt, lt))
+        section.row(
+            "ms/token remote API node",
+            section.results["remote_api"]["remote_ms_per_token"],
+            "ms",
+            baseline=section.results["remote_api"]["local_ms_per_token"],
+            ratio=ratio(rp, lp),
+        )
+        section.row(
+            "TTFT p50 remote API node",
+            section.results["remote_api"]["remote_ttft_ms_p50"],
+            "ms",
+            baseline=section.results["remote_api"]["local_ttft_ms_p50"],
+            ratio=ratio(rt, lt),
+        )
 
         phase("remote API measured")
         # -- command latency ---------------------------------------------------------------------------
         on_master, failed_master = _command_latency(seed, s.cluster_commands)
         on_follower, failed_follower = _command_latency(follower, s.cluster_commands)
         cm, cf = summarize(on_master, 2), summarize(on_follower, 2)
-        section.results["command_latency_ms"] = {"on_master": cm, "on_follower": cf,
-                                                 "failed": {"on_master": failed_master, "on_follower": failed_follower},
-                                                 "command": "PUT /v1/tracing (SetTracingEnabled), applied"}
-        section.add_ratio("command_latency_follower_vs_master_p50", ratio(cf["p50"], cm["p50"]),
-                          "command latency p50 on the master")
+        section.results["command_latency_ms"] = {
+            "on_master": cm,
+            "on_follower": cf,
+            "failed": {"on_master": failed_master, "on_follower": failed_follower},
+            "command": "PUT /v1/tracing (SetTracingEnabled), applied",
+        }
+        section.add_ratio(
+            "command_latency_follower_vs_master_p50", ratio(cf["p50"], cm["p50"]), "command latency p50 on the master"
+        )
         section.row("command latency p50/p99 on master", f"{cm['p50']}/{cm['p99']}", "ms")
-        section.row("command latency p50/p99 on follower", f"{cf['p50']}/{cf['p99']}", "ms",
-                    ratio=ratio(cf["p50"], cm["p50"]))
+        section.row(
+            "command latency p50/p99 on follower", f"{cf['p50']}/{cf['p99']}", "ms", ratio=ratio(cf["p50"], cm["p50"])
+        )
 
         phase("command latency measured")
         # -- join time vs log length -------------------------------------------------------------------
@@ -350,13 +428,20 @@ def run(section: Section, bench: Bench) -> None:
         section.results["joins"] = joins
         section.results["log_growth"] = growth
         first, last = joins[0], joins[-1]
-        section.add_ratio("join_time_longest_vs_shortest_log",
-                          ratio(last["synced_s"], first["synced_s"]) if len(joins) > 1 else None,
-                          f"join time at log length {first['log_length']}",
-                          note=f"log lengths {first['log_length']} -> {last['log_length']}")
+        section.add_ratio(
+            "join_time_longest_vs_shortest_log",
+            ratio(last["synced_s"], first["synced_s"]) if len(joins) > 1 else None,
+            f"join time at log length {first['log_length']}",
+            note=f"log lengths {first['log_length']} -> {last['log_length']}",
+        )
         for j in joins:
-            section.row(f"join at log length {j['log_length']}", j["synced_s"], "s",
-                        baseline=first["synced_s"], ratio=ratio(j["synced_s"], first["synced_s"]))
+            section.row(
+                f"join at log length {j['log_length']}",
+                j["synced_s"],
+                "s",
+                baseline=first["synced_s"],
+                ratio=ratio(j["synced_s"], first["synced_s"]),
+            )
 
         phase("joins measured")
         # -- failover ----------------------------------------------------------------------------------
@@ -365,14 +450,24 @@ def run(section: Section, bench: Bench) -> None:
             if len(cluster.members) < 2:
                 break
             result = _failover(cluster, mode, recovery_timeout=s.cluster_recovery_timeout_s)
-            log(f"   failover ({result['mode']}): new master after {result['elected_s']} s, command applied after "
-                f"{result['command_applied_s']} s, first token after {result['first_token_s']} s")
+            log(
+                f"   failover ({result['mode']}): new master after {result['elected_s']} s, command applied after "
+                f"{result['command_applied_s']} s, first token after {result['first_token_s']} s"
+            )
             failovers.append(result)
             section.row(f"failover {result['mode']} -> new master", result["elected_s"], "s")
-            section.row(f"failover {result['mode']} -> command applied", result["command_applied_s"], "s",
-                        goal=None if result["command_applied_s"] is not None else "FAILED")
-            section.row(f"failover {result['mode']} -> first token (re-placed)", result["first_token_s"], "s",
-                        goal=None if result["first_token_s"] is not None else "FAILED")
+            section.row(
+                f"failover {result['mode']} -> command applied",
+                result["command_applied_s"],
+                "s",
+                goal=None if result["command_applied_s"] is not None else "FAILED",
+            )
+            section.row(
+                f"failover {result['mode']} -> first token (re-placed)",
+                result["first_token_s"],
+                "s",
+                goal=None if result["first_token_s"] is not None else "FAILED",
+            )
         section.results["failover"] = failovers
         phase("failover measured")
     finally:

@@ -32,8 +32,7 @@ def one_start(bench: Bench, label: str, models_dir: Path, *extra: str) -> dict[s
     node = nodes.start(s.profile, *extra, home=home, env=bench.env(models_dir, isolate=f"cold-{label}"))
     out: dict[str, Any] = {"label": label}
     try:
-        nodes.wait_for(lambda: node.get("/node_id", timeout=1).status_code == 200, s.startup_timeout_s,
-                       "the API", 0.05)
+        nodes.wait_for(lambda: node.get("/node_id", timeout=1).status_code == 200, s.startup_timeout_s, "the API", 0.05)
         out["api_up_s"] = round(time.perf_counter() - t0, 3)
         deadline = time.monotonic() + min(s.startup_timeout_s, 180.0)
         attempts = 0
@@ -59,9 +58,13 @@ def one_start(bench: Bench, label: str, models_dir: Path, *extra: str) -> dict[s
 
 def run(section: Section, bench: Bench) -> None:
     s = bench.settings
-    section.context = {"profile": s.profile, "model": s.model, "models_dir": str(s.models_dir),
-                       "what": "spawn of `skulk-kernel run` -> first streamed token of the model (4-token "
-                               "request retried every 100 ms)"}
+    section.context = {
+        "profile": s.profile,
+        "model": s.model,
+        "models_dir": str(s.models_dir),
+        "what": "spawn of `skulk-kernel run` -> first streamed token of the model (4-token "
+        "request retried every 100 ms)",
+    }
     samples = []
     for i in range(s.cold_starts):
         sample = one_start(bench, f"provisioned-{i}", s.models_dir)
@@ -75,15 +78,20 @@ def run(section: Section, bench: Bench) -> None:
     section.row("cold start -> API up (p50)", api["p50"], "s")
     section.row("cold start -> first token (p50)", first["p50"], "s")
     # the ratio: the node's own start-up against the bare process + API start in the same run
-    section.add_ratio("first_token_vs_api_up", None if not api["p50"] else round(first["p50"] / api["p50"], 3),
-                      "seconds from spawn to the API answering (same starts)")
+    section.add_ratio(
+        "first_token_vs_api_up",
+        None if not api["p50"] else round(first["p50"] / api["p50"], 3),
+        "seconds from spawn to the API answering (same starts)",
+    )
 
     wheels = s.models_dir / ".cache" / "wheels"
     if not s.measure_provisioning:
         section.results["first_provisioning"] = {"status": "skipped", "reason": "not measured in --quick runs"}
     elif not wheels.is_dir() or not any(wheels.iterdir()):
-        section.results["first_provisioning"] = {"status": "skipped",
-                                                 "reason": f"no wheel cache at {wheels} (nothing to provision)"}
+        section.results["first_provisioning"] = {
+            "status": "skipped",
+            "reason": f"no wheel cache at {wheels} (nothing to provision)",
+        }
     else:
         fresh = nodes.scratch_dir("models")
         try:
@@ -104,10 +112,22 @@ def _first_ever(section: Section, bench: Bench, samples: list[dict[str, Any]], w
         return
     warm = percentile([x["first_token_s"] for x in samples], 50)
     extra = None if warm is None else round(sample["first_token_s"] - warm, 3)
-    section.results["first_provisioning"] = {"status": "ok", "cache_copy_s": round(copy_s, 3), **sample,
-                                             "extra_over_provisioned_s": extra}
+    section.results["first_provisioning"] = {
+        "status": "ok",
+        "cache_copy_s": round(copy_s, 3),
+        **sample,
+        "extra_over_provisioned_s": extra,
+    }
     log(f"   first-ever start (fresh models dir): first token {sample['first_token_s']} s (+{extra} s provisioning)")
-    section.row("first-ever start -> first token", sample["first_token_s"], "s",
-                baseline=warm, ratio=None if not warm else round(sample["first_token_s"] / warm, 3))
-    section.add_ratio("first_ever_vs_provisioned_start", None if not warm else round(sample["first_token_s"] / warm, 3),
-                      "provisioned cold start p50")
+    section.row(
+        "first-ever start -> first token",
+        sample["first_token_s"],
+        "s",
+        baseline=warm,
+        ratio=None if not warm else round(sample["first_token_s"] / warm, 3),
+    )
+    section.add_ratio(
+        "first_ever_vs_provisioned_start",
+        None if not warm else round(sample["first_token_s"] / warm, 3),
+        "provisioned cold start p50",
+    )

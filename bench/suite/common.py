@@ -26,8 +26,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "skulk-bench/1"
 
 #: Third-party distributions whose versions shape the figures (every installed skulk-* is added).
-THIRD_PARTY = ("xllamacpp", "llama-cpp-python", "msgpack", "pydantic", "httpx", "httpcore", "uvicorn",
-               "fastapi", "starlette", "eclipse-zenoh", "zstandard", "numpy", "matplotlib", "pluggy")
+THIRD_PARTY = (
+    "xllamacpp",
+    "llama-cpp-python",
+    "msgpack",
+    "pydantic",
+    "httpx",
+    "httpcore",
+    "uvicorn",
+    "fastapi",
+    "starlette",
+    "eclipse-zenoh",
+    "zstandard",
+    "numpy",
+    "matplotlib",
+    "pluggy",
+)
 
 
 def utc_now() -> str:
@@ -111,13 +125,16 @@ def git_info() -> dict[str, Any]:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD") or None,
-                "dirty_files": len([ln for ln in git("status", "--porcelain").splitlines() if ln.strip()])}
+        return {
+            "commit": git("rev-parse", "HEAD") or None,
+            "dirty_files": len([ln for ln in git("status", "--porcelain").splitlines() if ln.strip()]),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty_files": None}
 
 
 # -- statistics -------------------------------------------------------------------------------------
+
 
 def percentile(values: Iterable[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in [0, 100]); None for no values."""
@@ -140,9 +157,15 @@ def summarize(values: Iterable[float], digits: int = 3) -> dict[str, Any]:
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, digits)
 
-    return {"n": len(data), "mean": r(sum(data) / len(data)), "p50": r(percentile(data, 50)),
-            "p90": r(percentile(data, 90)), "p99": r(percentile(data, 99)), "min": r(min(data)),
-            "max": r(max(data))}
+    return {
+        "n": len(data),
+        "mean": r(sum(data) / len(data)),
+        "p50": r(percentile(data, 50)),
+        "p90": r(percentile(data, 90)),
+        "p99": r(percentile(data, 99)),
+        "min": r(min(data)),
+        "max": r(max(data)),
+    }
 
 
 def ratio(value: float | None, baseline: float | None, digits: int = 4) -> float | None:
@@ -152,6 +175,7 @@ def ratio(value: float | None, baseline: float | None, digits: int = 4) -> float
 
 
 # -- the record of one section ----------------------------------------------------------------------
+
 
 @dataclass
 class Section:
@@ -171,23 +195,51 @@ class Section:
         self.status, self.reason = "skipped", reason
         return self
 
-    def add_ratio(self, key: str, value: float | None, baseline: str, *, goal: str | None = None,
-                  met: bool | None = None, note: str | None = None) -> None:
-        entry: dict[str, Any] = {"value": value, "baseline": baseline, "goal": goal,
-                                 "met": met if value is not None else None}
+    def add_ratio(
+        self,
+        key: str,
+        value: float | None,
+        baseline: str,
+        *,
+        goal: str | None = None,
+        met: bool | None = None,
+        note: str | None = None,
+    ) -> None:
+        entry: dict[str, Any] = {
+            "value": value,
+            "baseline": baseline,
+            "goal": goal,
+            "met": met if value is not None else None,
+        }
         if note:
             entry["note"] = note
         self.ratios[key] = entry
 
-    def row(self, metric: str, value: Any, unit: str = "", *, baseline: Any = None, ratio: Any = None,
-            goal: str | None = None) -> None:
-        self.rows.append({"metric": metric, "value": value, "unit": unit, "baseline": baseline,
-                          "ratio": ratio, "goal": goal})
+    def row(
+        self,
+        metric: str,
+        value: Any,
+        unit: str = "",
+        *,
+        baseline: Any = None,
+        ratio: Any = None,
+        goal: str | None = None,
+    ) -> None:
+        self.rows.append(
+            {"metric": metric, "value": value, "unit": unit, "baseline": baseline, "ratio": ratio, "goal": goal}
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "status": self.status, "reason": self.reason,
-                "duration_s": round(self.duration_s, 2), "context": self.context, "results": self.results,
-                "ratios": self.ratios, "rows": self.rows}
+        return {
+            "title": self.title,
+            "status": self.status,
+            "reason": self.reason,
+            "duration_s": round(self.duration_s, 2),
+            "context": self.context,
+            "results": self.results,
+            "ratios": self.ratios,
+            "rows": self.rows,
+        }
 
 
 def run_section(section: Section, body: Callable[[Section], None], log: Callable[[str], None]) -> Section:

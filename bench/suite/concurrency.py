@@ -36,9 +36,15 @@ def knee(levels: list[dict[str, Any]]) -> dict[str, Any]:
         return {"concurrency": None, "reached": False}
     peak_level, peak, _ = max(points, key=lambda x: x[1])
     level, thr, ttft_p90 = next(x for x in points if x[1] >= KNEE_SHARE * peak)
-    return {"concurrency": level, "aggregate_tok_s": thr, "ttft_ms_p90": ttft_p90, "peak_concurrency": peak_level,
-            "peak_aggregate_tok_s": peak, "reached": level < points[-1][0],
-            "definition": f"smallest concurrency with aggregate tok/s >= {KNEE_SHARE:.0%} of the peak"}
+    return {
+        "concurrency": level,
+        "aggregate_tok_s": thr,
+        "ttft_ms_p90": ttft_p90,
+        "peak_concurrency": peak_level,
+        "peak_aggregate_tok_s": peak,
+        "reached": level < points[-1][0],
+        "definition": f"smallest concurrency with aggregate tok/s >= {KNEE_SHARE:.0%} of the peak",
+    }
 
 
 def batch(url: str, model: str, level: int, max_tokens: int, seed: int) -> tuple[list[StreamResult], float]:
@@ -87,14 +93,22 @@ def measure_backend(bench: Bench, backend: str) -> dict[str, Any]:
         ok = [r for r in results if r.ok]
         agg = tokens / wall if wall else None
         point: dict[str, Any] = {
-            "concurrency": level, "requests": len(results), "rounds": rounds, "errors": len(results) - len(ok),
-            "tokens": tokens, "wall_s": round(wall, 3), "aggregate_tok_s": None if agg is None else round(agg, 2),
+            "concurrency": level,
+            "requests": len(results),
+            "rounds": rounds,
+            "errors": len(results) - len(ok),
+            "tokens": tokens,
+            "wall_s": round(wall, 3),
+            "aggregate_tok_s": None if agg is None else round(agg, 2),
             "ttft_ms": summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None], 1),
             "per_stream_decode_tok_s": summarize([r.decode_tok_s for r in ok if r.decode_tok_s], 2),
             "backends_seen": sorted({r.backend for r in ok if r.backend}),
-            "first_errors": [r.error for r in results if not r.ok][:3]}
-        log(f"   {backend} x{level}: {point['aggregate_tok_s']} tok/s, TTFT p50 {point['ttft_ms']['p50']} ms, "
-            f"p90 {point['ttft_ms']['p90']} ms")
+            "first_errors": [r.error for r in results if not r.ok][:3],
+        }
+        log(
+            f"   {backend} x{level}: {point['aggregate_tok_s']} tok/s, TTFT p50 {point['ttft_ms']['p50']} ms, "
+            f"p90 {point['ttft_ms']['p90']} ms"
+        )
         out["levels"].append(point)
     base = out["levels"][0]["aggregate_tok_s"] if out["levels"] else None
     for point in out["levels"]:
@@ -109,12 +123,17 @@ def run(section: Section, bench: Bench) -> None:
     started_on = nodes.instance_backend(next(iter(nodes.instances_of(node, s.model).values())))
     allowed = _card_backends(s.model)
     others = [b for b in nodes.node_backends(node) if b != started_on and (allowed is None or b in allowed)]
-    section.context = {"model": bench.model_info, "levels": s.concurrency_levels,
-                       "max_tokens": s.concurrency_max_tokens, "min_requests_per_level": s.concurrency_min_requests,
-                       "started_backend": started_on, "other_backends": others,
-                       "how": "same node and model; other backends via the planner's placement with the backend "
-                              "rewritten (POST /instance), the previous instance deleted",
-                       "engine_options": (bench.node_profile.get("config") or {}).get("engine-llamacpp")}
+    section.context = {
+        "model": bench.model_info,
+        "levels": s.concurrency_levels,
+        "max_tokens": s.concurrency_max_tokens,
+        "min_requests_per_level": s.concurrency_min_requests,
+        "started_backend": started_on,
+        "other_backends": others,
+        "how": "same node and model; other backends via the planner's placement with the backend "
+        "rewritten (POST /instance), the previous instance deleted",
+        "engine_options": (bench.node_profile.get("config") or {}).get("engine-llamacpp"),
+    }
     backends: dict[str, Any] = {}
     for backend in [started_on, *others]:
         try:
@@ -129,24 +148,40 @@ def run(section: Section, bench: Bench) -> None:
     primary = backends.get(started_on, {})
     for backend, data in backends.items():
         k = data.get("knee") or {}
-        section.row(f"{backend} knee (>= 90% of peak tok/s)", k.get("concurrency"), "streams",
-                    goal=None if k.get("reached", False) else "not reached")
+        section.row(
+            f"{backend} knee (>= 90% of peak tok/s)",
+            k.get("concurrency"),
+            "streams",
+            goal=None if k.get("reached", False) else "not reached",
+        )
         for point in data.get("levels", []):
-            section.row(f"{backend} x{point['concurrency']} aggregate", point["aggregate_tok_s"], "tok/s",
-                        ratio=point.get("scaling_vs_1"))
-            section.row(f"{backend} x{point['concurrency']} TTFT p50/p90",
-                        f"{point['ttft_ms']['p50']}/{point['ttft_ms']['p90']}", "ms")
+            section.row(
+                f"{backend} x{point['concurrency']} aggregate",
+                point["aggregate_tok_s"],
+                "tok/s",
+                ratio=point.get("scaling_vs_1"),
+            )
+            section.row(
+                f"{backend} x{point['concurrency']} TTFT p50/p90",
+                f"{point['ttft_ms']['p50']}/{point['ttft_ms']['p90']}",
+                "ms",
+            )
         top = data.get("levels", [])[-1:] or [{}]
-        section.add_ratio(f"{backend}_scaling_at_{top[0].get('concurrency')}_vs_1", top[0].get("scaling_vs_1"),
-                          f"{backend} aggregate tok/s at concurrency 1")
+        section.add_ratio(
+            f"{backend}_scaling_at_{top[0].get('concurrency')}_vs_1",
+            top[0].get("scaling_vs_1"),
+            f"{backend} aggregate tok/s at concurrency 1",
+        )
     for backend in others:
         data = backends.get(backend, {})
         by_level = {p["concurrency"]: p["aggregate_tok_s"] for p in data.get("levels", [])}
         for point in primary.get("levels", []):
             level = point["concurrency"]
-            section.add_ratio(f"{backend}_vs_{started_on}_at_{level}",
-                              ratio(by_level.get(level), point["aggregate_tok_s"]),
-                              f"{started_on} aggregate tok/s at concurrency {level}")
+            section.add_ratio(
+                f"{backend}_vs_{started_on}_at_{level}",
+                ratio(by_level.get(level), point["aggregate_tok_s"]),
+                f"{started_on} aggregate tok/s at concurrency {level}",
+            )
 
 
 def _card_backends(model_id: str) -> list[str] | None:

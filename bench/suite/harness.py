@@ -25,8 +25,11 @@ EXTRA_API_PLUGINS = ("api-anthropic", "api-ollama")
 def all_runners_ready(node: NodeProcess) -> bool:
     state = node.state()
     statuses = [next(iter(s)) for s in state["runners"].values()]
-    return bool(statuses) and all(s in ("RunnerReady", "RunnerRunning") for s in statuses) and \
-        len(statuses) >= len(state["instances"])
+    return (
+        bool(statuses)
+        and all(s in ("RunnerReady", "RunnerRunning") for s in statuses)
+        and len(statuses) >= len(state["instances"])
+    )
 
 
 @dataclass
@@ -79,8 +82,11 @@ class Bench:
         """The environment of a bench node. A network version of this run's own keeps profiles that
         join the LAN cluster (zenoh with multicast scouting) from joining any other cluster on the
         host (tests, other runs); `isolate` gives one node a version of its own."""
-        return {"SKULK_MODELS_DIR": str(models_dir or self.settings.models_dir), "HF_HUB_OFFLINE": "1",
-                "SKULK_NETWORK_VERSION": f"{self.network_version}{'-' + isolate if isolate else ''}"}
+        return {
+            "SKULK_MODELS_DIR": str(models_dir or self.settings.models_dir),
+            "HF_HUB_OFFLINE": "1",
+            "SKULK_NETWORK_VERSION": f"{self.network_version}{'-' + isolate if isolate else ''}",
+        }
 
     def serving_node(self) -> NodeProcess:
         """The node the serving and concurrency sections measure: the profile plus the installed API
@@ -110,9 +116,15 @@ class Bench:
             listing = node.get("/models", timeout=10).json()
             for entry in listing.get("data", []):
                 if self.settings.model in (entry.get("id"), entry.get("model_id"), entry.get("name")):
-                    info.update({"id": entry.get("id"), "quantization": entry.get("quantization"),
-                                 "family": entry.get("family"), "storage_size": entry.get("storage_size"),
-                                 "context_length": entry.get("context_length")})
+                    info.update(
+                        {
+                            "id": entry.get("id"),
+                            "quantization": entry.get("quantization"),
+                            "family": entry.get("family"),
+                            "storage_size": entry.get("storage_size"),
+                            "context_length": entry.get("context_length"),
+                        }
+                    )
                     break
         except Exception as exc:  # the listing is informative only
             info["error"] = str(exc)

@@ -41,15 +41,27 @@ class BenchNode(NodeProcess):
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_path = self.home / "node.log"
         env = {**os.environ, "SKULK_HOME": str(self.home), "HF_HUB_OFFLINE": "1", **self.env}
-        cmd = [sys.executable, "-m", "skulk_kernel.cli", "run", "--profile", self.profile,
-               "--api-port", str(self.api_port), "--api-host", "127.0.0.1", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "skulk_kernel.cli",
+            "run",
+            "--profile",
+            self.profile,
+            "--api-port",
+            str(self.api_port),
+            "--api-host",
+            "127.0.0.1",
+            *self.args,
+        ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
         return self
 
 
-def start(profile: str, *args: str, home: Path, env: dict[str, str] | None = None,
-          api_port: int | None = None) -> NodeProcess:
+def start(
+    profile: str, *args: str, home: Path, env: dict[str, str] | None = None, api_port: int | None = None
+) -> NodeProcess:
     node = BenchNode(profile=profile, home=home, api_port=api_port or free_port(), args=args, env=env or {})
     STARTED.append(node)
     return node.start()
@@ -73,6 +85,7 @@ def alive(node: NodeProcess) -> bool:
 
 # -- profiles -------------------------------------------------------------------------------------
 
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -85,8 +98,13 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def profile_toml(name: str, plugins: list[str], planes: dict[str, str | None],
-                 config: dict[str, dict[str, Any]], description: str = "") -> str:
+def profile_toml(
+    name: str,
+    plugins: list[str],
+    planes: dict[str, str | None],
+    config: dict[str, dict[str, Any]],
+    description: str = "",
+) -> str:
     lines = ["[profile]", f"name = {_toml_value(name)}"]
     if description:
         lines.append(f"description = {_toml_value(description)}")
@@ -98,8 +116,9 @@ def profile_toml(name: str, plugins: list[str], planes: dict[str, str | None],
     return "\n".join(lines) + "\n"
 
 
-def derived_profile(base: str, extra_plugins: list[str], path: Path,
-                    default_models: list[str] | None = None) -> tuple[Path, dict[str, Any]]:
+def derived_profile(
+    base: str, extra_plugins: list[str], path: Path, default_models: list[str] | None = None
+) -> tuple[Path, dict[str, Any]]:
     """`base` (bundled name or path) plus `extra_plugins`, written to `path`. Returns (path, summary)."""
     from skulk_kernel.profiles import load_profile
 
@@ -110,17 +129,30 @@ def derived_profile(base: str, extra_plugins: list[str], path: Path,
     if default_models is not None:
         config.setdefault("master", {})["default_models"] = default_models
     planes = {"control": prof.planes.control, "telemetry": prof.planes.telemetry, "data": prof.planes.data}
-    text = profile_toml(f"bench-{prof.name}", plugins, planes, config,
-                        f"{prof.name} plus {', '.join(added) or 'nothing'} (written by bench/run.py)")
+    text = profile_toml(
+        f"bench-{prof.name}",
+        plugins,
+        planes,
+        config,
+        f"{prof.name} plus {', '.join(added) or 'nothing'} (written by bench/run.py)",
+    )
     path.write_text(text)
-    return path, {"base": prof.name, "source": prof.source, "plugins": plugins, "planes": planes, "config": config,
-                  "extra_plugins": added, "path": str(path)}
+    return path, {
+        "base": prof.name,
+        "source": prof.source,
+        "plugins": plugins,
+        "planes": planes,
+        "config": config,
+        "extra_plugins": added,
+        "path": str(path),
+    }
 
 
 def installed_plugins() -> dict[str, str]:
     """`skulk-kernel plugins`, parsed: entry-point name -> distribution + version."""
-    out = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "plugins"], capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "skulk_kernel.cli", "plugins"], capture_output=True, text=True, timeout=60
+    ).stdout
     found = {}
     for line in out.splitlines()[1:]:
         parts = line.split()
@@ -130,6 +162,7 @@ def installed_plugins() -> dict[str, str]:
 
 
 # -- placement helpers ----------------------------------------------------------------------------
+
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout

@@ -24,9 +24,11 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
 
     sections = report["sections"]
     machine = report["machine"]
-    footer = (f"{report['started_at']}  {machine['cpu_model']} x{machine['cpu_count']}  "
-              f"{machine['memory_total_bytes'] / 2**30:.0f} GiB  model {report['model'].get('id')} "
-              f"{report['model'].get('quantization') or ''}")
+    footer = (
+        f"{report['started_at']}  {machine['cpu_model']} x{machine['cpu_count']}  "
+        f"{machine['memory_total_bytes'] / 2**30:.0f} GiB  model {report['model'].get('id')} "
+        f"{report['model'].get('quantization') or ''}"
+    )
     written: list[str] = []
 
     def save(fig: Any, name: str) -> None:
@@ -55,8 +57,12 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
         idx = list(range(len(pairs)))
         axes[0].plot(idx, [p["node"]["decode_tok_s"] for p in pairs], "o-", label="node /v1/chat/completions")
         if any("inprocess" in p for p in pairs):
-            axes[0].plot(idx, [p.get("inprocess", {}).get("decode_tok_s") for p in pairs], "s--",
-                         label="in-process LlamaServer.chat")
+            axes[0].plot(
+                idx,
+                [p.get("inprocess", {}).get("decode_tok_s") for p in pairs],
+                "s--",
+                label="in-process LlamaServer.chat",
+            )
         axes[0].set_xlabel("request (alternating order)")
         axes[0].set_ylabel("decode tok/s")
         axes[0].legend(fontsize=7)
@@ -105,8 +111,7 @@ def write_all(report: dict[str, Any], stem: Path) -> list[str]:
         lat = cluster["results"].get("command_latency_ms", {})
         names = [k for k in ("on_master", "on_follower") if lat.get(k, {}).get("n")]
         for i, key in enumerate(("p50", "p90", "p99")):
-            axes[1].bar([j + i * 0.25 for j in range(len(names))], [lat[n][key] for n in names], width=0.25,
-                        label=key)
+            axes[1].bar([j + i * 0.25 for j in range(len(names))], [lat[n][key] for n in names], width=0.25, label=key)
         axes[1].set_xticks([j + 0.25 for j in range(len(names))], names)
         axes[1].set_ylabel("ms")
         axes[1].legend(fontsize=7)

@@ -40,8 +40,12 @@ def _inprocess_engine(bench: Bench) -> tuple[Any, dict[str, Any]]:
     if path is None:
         raise RuntimeError(f"no local model file for {bench.settings.model} under {bench.settings.models_dir}")
     cfg = LlamaCppConfig(**(bench.node_profile.get("config", {}).get("engine-llamacpp") or {}))
-    options = {"n_parallel": cfg.n_parallel, "n_threads": cfg.n_threads, "n_ctx": cfg.n_ctx,
-               "cache_ram_mib": cfg.cache_ram_mib}
+    options = {
+        "n_parallel": cfg.n_parallel,
+        "n_threads": cfg.n_threads,
+        "n_ctx": cfg.n_ctx,
+        "cache_ram_mib": cfg.cache_ram_mib,
+    }
     server = LlamaServer(path, **options).start()
     return server, {"engine": "LlamaServer (xllamacpp) in the bench process", "model_file": str(path), **options}
 
@@ -53,8 +57,9 @@ def inprocess_once(server: Any, prompt: str, max_tokens: int) -> StreamResult:
     texts = []
     t0 = result.started_at = time.perf_counter()
     try:
-        for event in server.chat([{"role": "user", "content": prompt}],
-                                 sampling={"max_tokens": max_tokens, "temperature": 0.0}):
+        for event in server.chat(
+            [{"role": "user", "content": prompt}], sampling={"max_tokens": max_tokens, "temperature": 0.0}
+        ):
             if isinstance(event, TextDelta):
                 if event.text:
                     now = time.perf_counter() - t0
@@ -73,8 +78,9 @@ def inprocess_once(server: Any, prompt: str, max_tokens: int) -> StreamResult:
     return result
 
 
-def _paired(client: Any, url: str, model: str, server: Any, max_tokens: int,
-            prompts: list[str]) -> tuple[list[dict[str, Any]], list[StreamResult], list[StreamResult]]:
+def _paired(
+    client: Any, url: str, model: str, server: Any, max_tokens: int, prompts: list[str]
+) -> tuple[list[dict[str, Any]], list[StreamResult], list[StreamResult]]:
     """Each prompt once through the node and once in-process; the order flips every pair."""
     pairs: list[dict[str, Any]] = []
     node_results: list[StreamResult] = []
@@ -98,28 +104,38 @@ def _paired(client: Any, url: str, model: str, server: Any, max_tokens: int,
 
 
 def _ttft_diffs(pairs: list[dict[str, Any]]) -> list[float]:
-    return [p["node"]["ttft_ms"] - p["inprocess"]["ttft_ms"] for p in pairs
-            if p["node"]["ok"] and p.get("inprocess", {}).get("ok")]
+    return [
+        p["node"]["ttft_ms"] - p["inprocess"]["ttft_ms"]
+        for p in pairs
+        if p["node"]["ok"] and p.get("inprocess", {}).get("ok")
+    ]
 
 
 def _side(results: list[StreamResult]) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     rate = decode_rate(ok)
-    return {"requests": len(results), "errors": len(results) - len(ok),
-            "decode_tok_s": None if rate is None else round(rate, 2),
-            "decode_tok_s_per_request": summarize([r.decode_tok_s for r in ok if r.decode_tok_s]),
-            "ttft_ms": summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None], 2),
-            "tokens": summarize([r.n_tokens for r in ok], 1),
-            "first_errors": [r.error for r in results if not r.ok][:3]}
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "decode_tok_s": None if rate is None else round(rate, 2),
+        "decode_tok_s_per_request": summarize([r.decode_tok_s for r in ok if r.decode_tok_s]),
+        "ttft_ms": summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None], 2),
+        "tokens": summarize([r.n_tokens for r in ok], 1),
+        "first_errors": [r.error for r in results if not r.ok][:3],
+    }
 
 
 def run(section: Section, bench: Bench) -> None:
     s = bench.settings
     node = bench.serving_node()
-    section.context = {"model": bench.model_info, "profile": bench.node_profile,
-                       "node_backend": _node_backend(bench), "max_tokens": s.serving_max_tokens,
-                       "sampling": "greedy (temperature 0), fresh prompt per request",
-                       "node_ready_after_s": round(bench.node_start_s or 0, 2)}
+    section.context = {
+        "model": bench.model_info,
+        "profile": bench.node_profile,
+        "node_backend": _node_backend(bench),
+        "max_tokens": s.serving_max_tokens,
+        "sampling": "greedy (temperature 0), fresh prompt per request",
+        "node_ready_after_s": round(bench.node_start_s or 0, 2),
+    }
     client = new_client()
     model = s.model
 
@@ -143,12 +159,14 @@ def run(section: Section, bench: Bench) -> None:
             inprocess_once(server, fresh_prompt(98), 8)
 
         # 1) decode: long answers, fresh prompts, alternating sides
-        pairs, node_results, base_results = _paired(client, node.url, model, server, s.serving_max_tokens,
-                                                    [fresh_prompt(i) for i in range(s.serving_pairs)])
+        pairs, node_results, base_results = _paired(
+            client, node.url, model, server, s.serving_max_tokens, [fresh_prompt(i) for i in range(s.serving_pairs)]
+        )
         # 2) TTFT probes: a short fresh prompt and 2 tokens, so prompt evaluation (hundreds of ms here,
         #    and noisy on a shared box) does not drown the few ms the serving path adds
-        probes, probe_node, probe_base = _paired(client, node.url, model, server, 2,
-                                                 [short_prompt(i) for i in range(s.ttft_probes)])
+        probes, probe_node, probe_base = _paired(
+            client, node.url, model, server, 2, [short_prompt(i) for i in range(s.ttft_probes)]
+        )
 
         node_side = _side(node_results)
         section.results["chat_completions"] = node_side
@@ -160,51 +178,88 @@ def run(section: Section, bench: Bench) -> None:
             base_side = _side(base_results)
             section.results["inprocess"] = base_side
             section.results["ttft_probe"]["inprocess"] = _side(probe_base)
-            per_request = [n.decode_tok_s / b.decode_tok_s for n, b in zip(node_results, base_results, strict=True)
-                           if n.decode_tok_s and b.decode_tok_s]
+            per_request = [
+                n.decode_tok_s / b.decode_tok_s
+                for n, b in zip(node_results, base_results, strict=True)
+                if n.decode_tok_s and b.decode_tok_s
+            ]
             paired = percentile(per_request, 50)
             decode_ratio = None if paired is None else round(paired, 4)
             section.results["decode_ratio_per_request"] = summarize(per_request, 4)
             section.results["decode_ratio_aggregate"] = ratio(node_side["decode_tok_s"], base_side["decode_tok_s"])
             section.results["same_text_fraction"] = round(
-                sum(1 for p in pairs if p.get("same_text")) / max(1, len(pairs)), 3)
+                sum(1 for p in pairs if p.get("same_text")) / max(1, len(pairs)), 3
+            )
             long_diffs = _ttft_diffs(pairs)
             diffs = _ttft_diffs(probes)
             overhead = percentile(diffs, 50)
             section.results["ttft_overhead_ms_long_prompt"] = summarize(long_diffs, 2)
             section.results["ttft_overhead_ms"] = summarize(diffs, 2)
             section.results["ttft_overhead_ms_p50"] = None if overhead is None else round(overhead, 2)
-            ttft_ratio = percentile([p["node"]["ttft_ms"] / p["inprocess"]["ttft_ms"] for p in probes
-                                     if p["node"]["ok"] and p.get("inprocess", {}).get("ok")], 50)
-            section.add_ratio("decode_tok_s_node_vs_inprocess", decode_ratio,
-                              "in-process LlamaServer.chat decode tok/s (same prompt, paired)",
-                              goal=f">= {DECODE_GOAL}", met=decode_ratio is not None and decode_ratio >= DECODE_GOAL,
-                              note=f"median of {len(per_request)} paired ratios; aggregate "
-                                   f"{section.results['decode_ratio_aggregate']}")
-            section.add_ratio("ttft_node_vs_inprocess", None if ttft_ratio is None else round(ttft_ratio, 4),
-                              "in-process TTFT (short-prompt probes, paired)",
-                              goal=f"overhead < {TTFT_GOAL_MS} ms",
-                              met=overhead is not None and overhead < TTFT_GOAL_MS,
-                              note=f"absolute overhead p50 {section.results['ttft_overhead_ms_p50']} ms over "
-                                   f"{len(diffs)} probes")
+            ttft_ratio = percentile(
+                [
+                    p["node"]["ttft_ms"] / p["inprocess"]["ttft_ms"]
+                    for p in probes
+                    if p["node"]["ok"] and p.get("inprocess", {}).get("ok")
+                ],
+                50,
+            )
+            section.add_ratio(
+                "decode_tok_s_node_vs_inprocess",
+                decode_ratio,
+                "in-process LlamaServer.chat decode tok/s (same prompt, paired)",
+                goal=f">= {DECODE_GOAL}",
+                met=decode_ratio is not None and decode_ratio >= DECODE_GOAL,
+                note=f"median of {len(per_request)} paired ratios; aggregate "
+                f"{section.results['decode_ratio_aggregate']}",
+            )
+            section.add_ratio(
+                "ttft_node_vs_inprocess",
+                None if ttft_ratio is None else round(ttft_ratio, 4),
+                "in-process TTFT (short-prompt probes, paired)",
+                goal=f"overhead < {TTFT_GOAL_MS} ms",
+                met=overhead is not None and overhead < TTFT_GOAL_MS,
+                note=f"absolute overhead p50 {section.results['ttft_overhead_ms_p50']} ms over {len(diffs)} probes",
+            )
             section.results["goals"] = {
-                "decode_ratio": {"goal": f">= {DECODE_GOAL}", "value": decode_ratio,
-                                 "met": decode_ratio is not None and decode_ratio >= DECODE_GOAL},
-                "ttft_overhead_ms": {"goal": f"< {TTFT_GOAL_MS}", "value": section.results["ttft_overhead_ms_p50"],
-                                     "met": overhead is not None and overhead < TTFT_GOAL_MS},
+                "decode_ratio": {
+                    "goal": f">= {DECODE_GOAL}",
+                    "value": decode_ratio,
+                    "met": decode_ratio is not None and decode_ratio >= DECODE_GOAL,
+                },
+                "ttft_overhead_ms": {
+                    "goal": f"< {TTFT_GOAL_MS}",
+                    "value": section.results["ttft_overhead_ms_p50"],
+                    "met": overhead is not None and overhead < TTFT_GOAL_MS,
+                },
             }
             section.row("in-process decode (LlamaServer.chat)", base_side["decode_tok_s"], "tok/s")
-            section.row("decode tok/s node / in-process (paired p50)", decode_ratio, "x", ratio=decode_ratio,
-                        goal=f">= {DECODE_GOAL}")
-            section.row("TTFT overhead p50 (probe, node - in-process)", section.results["ttft_overhead_ms_p50"], "ms",
-                        baseline=section.results["ttft_probe"]["inprocess"]["ttft_ms"]["p50"],
-                        ratio=section.ratios["ttft_node_vs_inprocess"]["value"], goal=f"< {TTFT_GOAL_MS} ms")
+            section.row(
+                "decode tok/s node / in-process (paired p50)",
+                decode_ratio,
+                "x",
+                ratio=decode_ratio,
+                goal=f">= {DECODE_GOAL}",
+            )
+            section.row(
+                "TTFT overhead p50 (probe, node - in-process)",
+                section.results["ttft_overhead_ms_p50"],
+                "ms",
+                baseline=section.results["ttft_probe"]["inprocess"]["ttft_ms"]["p50"],
+                ratio=section.ratios["ttft_node_vs_inprocess"]["value"],
+                goal=f"< {TTFT_GOAL_MS} ms",
+            )
             long_p50 = section.results["ttft_overhead_ms_long_prompt"]["p50"]
             section.row("TTFT overhead p50 (long prompt)", long_p50, "ms", baseline=base_side["ttft_ms"]["p50"])
         else:
             section.results["inprocess"] = None
-            section.add_ratio("decode_tok_s_node_vs_inprocess", None, "in-process LlamaServer.chat decode tok/s",
-                              goal=f">= {DECODE_GOAL}", note=skip_reason)
+            section.add_ratio(
+                "decode_tok_s_node_vs_inprocess",
+                None,
+                "in-process LlamaServer.chat decode tok/s",
+                goal=f">= {DECODE_GOAL}",
+                note=skip_reason,
+            )
             section.add_ratio("ttft_node_vs_inprocess", None, "in-process TTFT (short-prompt probes)", note=skip_reason)
             section.results["ttft_overhead_ms_p50"] = None
             section.row("node TTFT p50 (probe)", section.results["ttft_probe"]["node"]["ttft_ms"]["p50"], "ms")
@@ -238,25 +293,38 @@ def _formats(section: Section, bench: Bench, client: Any) -> None:
             missing[fmt] = f"HTTP {probe.status}: {(probe.error or '')[:160]}"
     per: dict[str, list[StreamResult]] = {fmt: [] for fmt in available}
     for r in range(s.format_rounds):
-        order = available[r % len(available):] + available[:r % len(available)]
+        order = available[r % len(available) :] + available[: r % len(available)]
         for k, fmt in enumerate(order):
-            per[fmt].append(stream_once(client, node.url, fmt, s.model,
-                                        fresh_prompt(1000 + r * 10 + k, topic_index=r), s.serving_max_tokens))
+            per[fmt].append(
+                stream_once(
+                    client, node.url, fmt, s.model, fresh_prompt(1000 + r * 10 + k, topic_index=r), s.serving_max_tokens
+                )
+            )
     out: dict[str, Any] = {"routes": {f: FORMATS[f] for f in available}, "unavailable": missing, "formats": {}}
     chat_rate = decode_rate([x for x in per.get("chat", []) if x.ok])
     chat_ttft = percentile([x.ttft_s * 1000 for x in per.get("chat", []) if x.ok and x.ttft_s], 50)
     for fmt, results in per.items():
         side = _side(results)
         side["decode_vs_chat"] = ratio(side["decode_tok_s"], None if chat_rate is None else round(chat_rate, 2))
-        side["ttft_p50_minus_chat_ms"] = (None if chat_ttft is None or side["ttft_ms"]["p50"] is None
-                                          else round(side["ttft_ms"]["p50"] - chat_ttft, 2))
+        side["ttft_p50_minus_chat_ms"] = (
+            None
+            if chat_ttft is None or side["ttft_ms"]["p50"] is None
+            else round(side["ttft_ms"]["p50"] - chat_ttft, 2)
+        )
         out["formats"][fmt] = side
         if fmt != "chat":
-            section.add_ratio(f"decode_tok_s_{fmt}_vs_chat", side["decode_vs_chat"],
-                              "/v1/chat/completions decode tok/s (same run, round-robin)")
+            section.add_ratio(
+                f"decode_tok_s_{fmt}_vs_chat",
+                side["decode_vs_chat"],
+                "/v1/chat/completions decode tok/s (same run, round-robin)",
+            )
             section.row(f"decode {FORMATS[fmt]} / chat", side["decode_vs_chat"], "x", ratio=side["decode_vs_chat"])
     for fmt in FORMATS:
         if fmt != "chat" and fmt not in per:
-            section.add_ratio(f"decode_tok_s_{fmt}_vs_chat", None, "/v1/chat/completions decode tok/s",
-                              note=f"skipped: {missing.get(fmt, 'adapter not installed')}")
+            section.add_ratio(
+                f"decode_tok_s_{fmt}_vs_chat",
+                None,
+                "/v1/chat/completions decode tok/s",
+                note=f"skipped: {missing.get(fmt, 'adapter not installed')}",
+            )
     section.results["formats"] = out

@@ -25,17 +25,37 @@ FORMATS = {
     "ollama": "/api/chat",
 }
 
-TOPICS = ("a lighthouse keeper", "a river delta", "a clockmaker", "a mountain village", "an old library",
-          "a desert caravan", "a city garden", "a night train", "a glass blower", "a fishing harbour",
-          "a snowy observatory", "a street market", "a beekeeper", "a paper mill", "a jazz club",
-          "a lost satellite", "a tea plantation", "a canal boat", "a volcano island", "a bakery at dawn")
+TOPICS = (
+    "a lighthouse keeper",
+    "a river delta",
+    "a clockmaker",
+    "a mountain village",
+    "an old library",
+    "a desert caravan",
+    "a city garden",
+    "a night train",
+    "a glass blower",
+    "a fishing harbour",
+    "a snowy observatory",
+    "a street market",
+    "a beekeeper",
+    "a paper mill",
+    "a jazz club",
+    "a lost satellite",
+    "a tea plantation",
+    "a canal boat",
+    "a volcano island",
+    "a bakery at dawn",
+)
 
 
 def fresh_prompt(i: int, topic_index: int | None = None) -> str:
     """A unique prompt (the nonce comes first, so no two prompts share more than the template prefix)."""
     topic = TOPICS[(i if topic_index is None else topic_index) % len(TOPICS)]
-    return (f"[{uuid.uuid4().hex[:12]}] Write a long, detailed story about {topic}. Describe the place, the "
-            f"people and what happens over one whole day, in at least three paragraphs.")
+    return (
+        f"[{uuid.uuid4().hex[:12]}] Write a long, detailed story about {topic}. Describe the place, the "
+        f"people and what happens over one whole day, in at least three paragraphs."
+    )
 
 
 def short_prompt(i: int) -> str:
@@ -72,26 +92,41 @@ class StreamResult:
         return (len(self.token_times) - 1) / span if span else None
 
     def brief(self) -> dict[str, Any]:
-        return {"ok": self.ok, "status": self.status, "error": self.error,
-                "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 2),
-                "tokens": self.n_tokens, "usage_tokens": self.usage_tokens,
-                "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 2),
-                "end_s": None if self.end_s is None else round(self.end_s, 4), "backend": self.backend}
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "ttft_ms": None if self.ttft_s is None else round(self.ttft_s * 1000, 2),
+            "tokens": self.n_tokens,
+            "usage_tokens": self.usage_tokens,
+            "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 2),
+            "end_s": None if self.end_s is None else round(self.end_s, 4),
+            "backend": self.backend,
+        }
 
 
 def request_body(fmt: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     messages = [{"role": "user", "content": prompt}]
     if fmt == "chat":
-        return {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
-                "messages": messages, "stream_options": {"include_usage": True}}
+        return {
+            "model": model,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": messages,
+            "stream_options": {"include_usage": True},
+        }
     if fmt == "messages":
         return {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0, "messages": messages}
     if fmt == "responses":
-        return {"model": model, "stream": True, "max_output_tokens": max_tokens, "temperature": 0,
-                "input": prompt}
+        return {"model": model, "stream": True, "max_output_tokens": max_tokens, "temperature": 0, "input": prompt}
     if fmt == "ollama":
-        return {"model": model, "stream": True, "messages": messages,
-                "options": {"num_predict": max_tokens, "temperature": 0}}
+        return {
+            "model": model,
+            "stream": True,
+            "messages": messages,
+            "options": {"num_predict": max_tokens, "temperature": 0},
+        }
     raise ValueError(f"unknown format {fmt!r}")
 
 
@@ -115,7 +150,7 @@ def _events(fmt: str, lines: Iterator[str], result: StreamResult) -> Iterator[st
         if not line.startswith("data: "):
             if line.startswith(": generation_stats "):
                 try:
-                    result.backend = json.loads(line[len(": generation_stats "):]).get("backend")
+                    result.backend = json.loads(line[len(": generation_stats ") :]).get("backend")
                 except ValueError:
                     pass
             continue
@@ -157,8 +192,16 @@ def _events(fmt: str, lines: Iterator[str], result: StreamResult) -> Iterator[st
                 return
 
 
-def stream_once(client: httpx.Client, base_url: str, fmt: str, model: str, prompt: str, max_tokens: int,
-                timeout: float = 300.0, clock: Callable[[], float] = time.perf_counter) -> StreamResult:
+def stream_once(
+    client: httpx.Client,
+    base_url: str,
+    fmt: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float = 300.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StreamResult:
     """One streamed request through the node's API; never raises for HTTP or stream errors."""
     result = StreamResult()
     body = json.dumps(request_body(fmt, model, prompt, max_tokens)).encode()
@@ -167,8 +210,7 @@ def stream_once(client: httpx.Client, base_url: str, fmt: str, model: str, promp
         headers["anthropic-version"] = "2023-06-01"
     t0 = result.started_at = clock()
     try:
-        with client.stream("POST", base_url + FORMATS[fmt], content=body, headers=headers,
-                           timeout=timeout) as response:
+        with client.stream("POST", base_url + FORMATS[fmt], content=body, headers=headers, timeout=timeout) as response:
             result.status = response.status_code
             if response.status_code != 200:
                 result.error = response.read().decode("utf-8", "replace")[:500]
@@ -190,9 +232,10 @@ def stream_once(client: httpx.Client, base_url: str, fmt: str, model: str, promp
 
 
 def new_client(max_connections: int = 64) -> httpx.Client:
-    return httpx.Client(timeout=httpx.Timeout(300.0, connect=10.0),
-                        limits=httpx.Limits(max_connections=max_connections,
-                                            max_keepalive_connections=max_connections))
+    return httpx.Client(
+        timeout=httpx.Timeout(300.0, connect=10.0),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    )
 
 
 def decode_rate(results: list[StreamResult]) -> float | None:

@@ -26,7 +26,7 @@ from skulk_kernel.apply import OutOfOrderEvent, _apply_event, apply, replay
 from skulk_kernel.events import EVENT_TYPES, Event, IndexedEvent
 from skulk_kernel.hooks import GuardedHooks
 from skulk_kernel.instances import (
-    MlxRingInstance,
+    RingInstance,
     PipelineShardMetadata,
     RunnerFailed,
     RunnerLoading,
@@ -164,8 +164,14 @@ def test_state_hash_is_equal_across_processes(tmp_path: Path) -> None:
     )
     hashes = set()
     for seed in ("0", "1", "12345"):
-        out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+        )
         hashes.add(out.stdout.strip())
     assert hashes == {replay(log).state_hash()}
 
@@ -265,8 +271,9 @@ def hook_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return spy_on_hooks(monkeypatch)
 
 
-def test_the_hook_spy_sees_real_calls(plugin_manager: pluggy.PluginManager, register_plugin: Any,
-                                      hook_calls: list[str]) -> None:
+def test_the_hook_spy_sees_real_calls(
+    plugin_manager: pluggy.PluginManager, register_plugin: Any, hook_calls: list[str]
+) -> None:
     recorder = RecordingPlugin()
     register_plugin(recorder, "recorder")
     plugin_manager.hook.probe_node(facts={})
@@ -309,8 +316,7 @@ class Log:
     def add(self, *events: Any, origin: str | None = None) -> Log:
         for event in events:
             idx = len(self.records)
-            self.records.append(IndexedEvent(idx=idx, origin=origin or self.origin, at=self.at(idx),
-                                             event=event))
+            self.records.append(IndexedEvent(idx=idx, origin=origin or self.origin, at=self.at(idx), event=event))
         return self
 
     def state(self) -> State:
@@ -318,44 +324,61 @@ class Log:
 
 
 def shard(rank: int, world: int, start: int, end: int) -> PipelineShardMetadata:
-    return PipelineShardMetadata(model_id="m", device_rank=rank, world_size=world, start_layer=start,
-                                 end_layer=end, n_layers=4, backend="echo-cpu")
+    return PipelineShardMetadata(
+        model_id="m",
+        device_rank=rank,
+        world_size=world,
+        start_layer=start,
+        end_layer=end,
+        n_layers=4,
+        backend="echo-cpu",
+    )
 
 
-def instance(iid: str, runners: dict[str, str]) -> MlxRingInstance:
+def instance(iid: str, runners: dict[str, str]) -> RingInstance:
     """runners: runner id -> node id; layers split evenly in order."""
     n = len(runners)
     r2s = {r: shard(i, n, i * 4 // n, (i + 1) * 4 // n) for i, r in enumerate(runners)}
-    return MlxRingInstance(
-        instance_id=iid, engine="echo", context_limit=4096,
-        shard_assignments=ShardAssignments(model_id="m", runner_to_shard=r2s,
-                                           node_to_runner={node: r for r, node in runners.items()}),
+    return RingInstance(
+        instance_id=iid,
+        engine="echo",
+        context_limit=4096,
+        shard_assignments=ShardAssignments(
+            model_id="m", runner_to_shard=r2s, node_to_runner={node: r for r, node in runners.items()}
+        ),
     )
 
 
 def task(tid: str, iid: str = "i1") -> TextGenerationTask:
     return TextGenerationTask(
-        task_id=tid, command_id=f"c-{tid}", instance_id=iid, owner_node_id="n1",
+        task_id=tid,
+        command_id=f"c-{tid}",
+        instance_id=iid,
+        owner_node_id="n1",
         params=TextGenerationParams(model_id="m", messages=(ChatMessage(role="user", content="hi"),)),
     )
 
 
 def golden_mixed_log() -> list[IndexedEvent]:
-    return Log().add(
-        ev.NodeJoined(node_id="n1"),
-        ev.NodeJoined(node_id="n2"),
-        ev.TopologyEdgeCreated(edge=ev.Connection(source="n1", sink="n2")),
-        ev.InstanceCreated(instance=instance("i1", {"r1": "n1", "r2": "n2"})),
-        ev.RunnerStatusUpdated(runner_id="r1", status=RunnerReady()),
-        ev.TaskCreated(task=task("t1")),
-        ev.TaskAcknowledged(task_id="t1"),
-        ev.DownloadPending(node_id="n2", model_id="m"),
-        ev.DownloadCompleted(node_id="n2", model_id="m", total_bytes=123),
-        ev.PluginDataSet(plugin="steward", key="k", value={"x": [1, 2.5, "y", None]}),
-        ev.CustomModelCardAdded(card=ModelCard(model_id="custom/m", n_layers=2, hidden_size=8)),
-        ev.TracingStateChanged(enabled=True),
-        ev.InstanceFailureRecorded(instance_id="i0", model_id="m", reason="oom", at=T0),
-    ).records
+    return (
+        Log()
+        .add(
+            ev.NodeJoined(node_id="n1"),
+            ev.NodeJoined(node_id="n2"),
+            ev.TopologyEdgeCreated(edge=ev.Connection(source="n1", sink="n2")),
+            ev.InstanceCreated(instance=instance("i1", {"r1": "n1", "r2": "n2"})),
+            ev.RunnerStatusUpdated(runner_id="r1", status=RunnerReady()),
+            ev.TaskCreated(task=task("t1")),
+            ev.TaskAcknowledged(task_id="t1"),
+            ev.DownloadPending(node_id="n2", model_id="m"),
+            ev.DownloadCompleted(node_id="n2", model_id="m", total_bytes=123),
+            ev.PluginDataSet(plugin="steward", key="k", value={"x": [1, 2.5, "y", None]}),
+            ev.CustomModelCardAdded(card=ModelCard(model_id="custom/m", n_layers=2, hidden_size=8)),
+            ev.TracingStateChanged(enabled=True),
+            ev.InstanceFailureRecorded(instance_id="i0", model_id="m", reason="oom", at=T0),
+        )
+        .records
+    )
 
 
 def test_golden_instances_and_runners() -> None:
@@ -371,7 +394,9 @@ def test_golden_instances_and_runners() -> None:
     state = log.state()
     assert set(state.instances) == {"i1", "i2"}
     assert state.runners == {
-        "r1": RunnerReady(), "r2": RunnerReady(), "r3": RunnerFailed(error_message="boom"),
+        "r1": RunnerReady(),
+        "r2": RunnerReady(),
+        "r3": RunnerFailed(error_message="boom"),
     }
 
     log.add(
@@ -461,12 +486,16 @@ def test_golden_downloads_cards_and_tracing() -> None:
         ev.TracingStateChanged(enabled=True),
     )
     state = log.state()
-    assert state.downloads == {"n1": {"m": DownloadCompletedStatus(total_bytes=42),
-                                      "m2": DownloadFailedStatus(error_message="404")}}
+    assert state.downloads == {
+        "n1": {"m": DownloadCompletedStatus(total_bytes=42), "m2": DownloadFailedStatus(error_message="404")}
+    }
     assert state.custom_model_cards == {"custom/m": card}
     assert state.tracing_enabled is True
-    log.add(ev.CustomModelCardDeleted(model_id="custom/m"), ev.TracingStateChanged(enabled=False),
-            ev.DownloadPending(node_id="n1", model_id="m"))
+    log.add(
+        ev.CustomModelCardDeleted(model_id="custom/m"),
+        ev.TracingStateChanged(enabled=False),
+        ev.DownloadPending(node_id="n1", model_id="m"),
+    )
     state = log.state()
     assert state.custom_model_cards == {} and state.tracing_enabled is False
     assert state.downloads["n1"]["m"] == DownloadPendingStatus()
@@ -478,7 +507,7 @@ def test_golden_mixed_log_wire_form() -> None:
     assert wire["lastEventAppliedIdx"] == 12
     assert wire["tracingEnabled"] is True
     assert wire["runners"] == {"r1": {"RunnerReady": {}}}
-    inst = wire["instances"]["i1"]["MlxRingInstance"]
+    inst = wire["instances"]["i1"]["RingInstance"]
     assert inst["shardAssignments"]["runnerToShard"]["r2"]["PipelineShardMetadata"]["startLayer"] == 2
     assert wire["tasks"]["t1"]["TextGenerationTask"]["status"] == "Running"
     assert wire["downloads"] == {"n2": {"m": {"DownloadCompletedStatus": {"totalBytes": 123}}}}

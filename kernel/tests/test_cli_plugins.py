@@ -22,8 +22,7 @@ def skulk(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     """Run the CLI: the installed console script when there is one, else `python -m`."""
     script = Path(sys.executable).with_name("skulk-kernel")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "skulk_kernel.cli"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
 
 
 def plugin_packages() -> set[str]:
@@ -44,8 +43,7 @@ def test_plugins_are_listed_without_importing_any(tmp_path: Path) -> None:
         "print('@@' + json.dumps({'found': sorted(found), 'rc': rc,\n"
         "                         'modules': sorted(m.split('.')[0] for m in sys.modules)}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     report = json.loads(out.stdout.split("@@", 1)[1])
     assert report["rc"] == 0
     assert "engine-echo" in report["found"]
@@ -100,8 +98,9 @@ def test_profile_show_dev() -> None:
     assert "planes:" in out
     for plane in ("control", "telemetry", "data"):
         assert f"  {plane:<10} local" in out
-    missing = [n for n in ("master", "worker", "engine-echo", "store", "api-openai", "api-control")
-               if n not in installed]
+    missing = [
+        n for n in ("master", "worker", "engine-echo", "store", "api-openai", "api-control") if n not in installed
+    ]
     assert result.returncode == (1 if missing else 0)
 
 
@@ -110,7 +109,7 @@ def test_profile_show_user_profile_with_config(tmp_path: Path) -> None:
     path.write_text(
         '[profile]\nname = "mine"\nplugins = ["engine-echo"]\n'
         '[planes]\ncontrol = "local"\ndata = "local"\n'
-        '[plugins.engine-echo]\ntoken_delay_s = 0.01\n'
+        "[plugins.engine-echo]\ntoken_delay_s = 0.01\n"
     )
     result = skulk("profile", "show", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -142,11 +141,14 @@ def test_run_with_missing_plugin_exits_nonzero_with_install_command(tmp_path: Pa
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize(("content", "needle"), [
-    ("not toml [", "not valid TOML"),
-    ('[planes]\ncontrol = "local"\n', "missing the [profile] table"),
-    ('[profile]\nname = "x"\nplugins = []\n[plugin.engine-echo]\n', "unknown tables"),
-])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("not toml [", "not valid TOML"),
+        ('[planes]\ncontrol = "local"\n', "missing the [profile] table"),
+        ('[profile]\nname = "x"\nplugins = []\n[plugin.engine-echo]\n', "unknown tables"),
+    ],
+)
 def test_bad_profiles_are_explained(tmp_path: Path, content: str, needle: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(content)

@@ -22,9 +22,12 @@ def blocks(doc: str, lang: str) -> list[str]:
 
 
 def hookimpl_names(tree: ast.AST) -> list[str]:
-    return [node.name for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and any(ast.unparse(d) == "hookimpl" for d in node.decorator_list)]
+    return [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(ast.unparse(d) == "hookimpl" for d in node.decorator_list)
+    ]
 
 
 @pytest.mark.parametrize("doc", ["hooks.md", "writing-plugins.md", "profiles.md"])

@@ -385,12 +385,7 @@ def test_free_space_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 _ints = st.integers(-(2**63), 2**64 - 1)  # msgpack's integer range
 _scalars = (
-    st.none()
-    | st.booleans()
-    | _ints
-    | st.text(max_size=20)
-    | st.binary(max_size=40)
-    | st.floats(allow_nan=False)
+    st.none() | st.booleans() | _ints | st.text(max_size=20) | st.binary(max_size=40) | st.floats(allow_nan=False)
 )
 _values = st.recursive(
     _scalars,
@@ -401,9 +396,7 @@ _payloads = st.dictionaries(st.text(max_size=10), _values, max_size=4)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    payloads=st.lists(_payloads, max_size=120), rotate=st.integers(1, 4_000), reopen_at=st.integers(0, 120)
-)
+@given(payloads=st.lists(_payloads, max_size=120), rotate=st.integers(1, 4_000), reopen_at=st.integers(0, 120))
 def test_property_replay_returns_what_was_appended(
     tmp_path_factory: pytest.TempPathFactory, payloads: list[dict[str, Any]], rotate: int, reopen_at: int
 ) -> None:

@@ -19,8 +19,11 @@ WHERE = ("every node", "nodes that", "the master", "the api", "runner", "cli")
 
 
 def spec_names() -> list[str]:
-    found = [(fn.__code__.co_firstlineno, name) for name, fn in vars(hookspecs).items()
-             if inspect.isfunction(fn) and hasattr(fn, "skulk_spec")]
+    found = [
+        (fn.__code__.co_firstlineno, name)
+        for name, fn in vars(hookspecs).items()
+        if inspect.isfunction(fn) and hasattr(fn, "skulk_spec")
+    ]
     return [name for _, name in sorted(found)]
 
 
@@ -86,16 +89,17 @@ def test_every_hookspec_is_documented_with_its_signature(name: str) -> None:
     documented, decorator = documented_signature(sections[name], name)
     spec = getattr(hookspecs, name)
     params = inspect.signature(spec).parameters
-    doc_args = [(a.arg, norm(ast.unparse(a.annotation)) if a.annotation else None)
-                for a in documented.args.args]
-    spec_args = [(p.name, norm(p.annotation) if p.annotation is not inspect.Parameter.empty else None)
-                 for p in params.values()]
+    doc_args = [(a.arg, norm(ast.unparse(a.annotation)) if a.annotation else None) for a in documented.args.args]
+    spec_args = [
+        (p.name, norm(p.annotation) if p.annotation is not inspect.Parameter.empty else None) for p in params.values()
+    ]
     assert doc_args == spec_args, f"{name}: docs say {doc_args}, hookspecs.py says {spec_args}"
     ret = spec.__annotations__.get("return")
     assert norm(ast.unparse(documented.returns) if documented.returns else None) == norm(ret), name
     opts: dict[str, Any] = spec.skulk_spec
-    expected = "hookspec" + ("(historic=True)" if opts.get("historic") else
-                             "(firstresult=True)" if opts.get("firstresult") else "")
+    expected = "hookspec" + (
+        "(historic=True)" if opts.get("historic") else "(firstresult=True)" if opts.get("firstresult") else ""
+    )
     assert decorator == expected, f"{name}: documented as @{decorator}, spec is @{expected}"
 
 

@@ -32,13 +32,13 @@ from skulk_kernel.profiles import Profile, load_profile
 from skulk_kernel.telemetry import NodeResources
 from skulk_testing.recording import HookBoom, RecordingPlugin
 
-PLUGIN_SOURCE = '''
+PLUGIN_SOURCE = """
 from skulk_kernel import hookimpl
 
 @hookimpl
 def probe_node(facts):
     facts["{name}"] = True
-'''
+"""
 
 
 def profile_of(*plugins: str, name: str = "test") -> Profile:
@@ -49,9 +49,14 @@ def profile_of(*plugins: str, name: str = "test") -> Profile:
 
 
 def test_plugin_for_another_kernel_is_refused_naming_both_versions(fake_plugin: Any) -> None:
-    fake_plugin("skulk-engine-future", "3.0.0", plugin="engine-future", module="skulk_fake_future",
-                requires=["skulk-kernel>=9,<10", "numpy>=1"],
-                module_source=PLUGIN_SOURCE.format(name="future"))
+    fake_plugin(
+        "skulk-engine-future",
+        "3.0.0",
+        plugin="engine-future",
+        module="skulk_fake_future",
+        requires=["skulk-kernel>=9,<10", "numpy>=1"],
+        module_source=PLUGIN_SOURCE.format(name="future"),
+    )
     info = installed_plugins()["engine-future"]
     assert info.version == "3.0.0" and info.kernel_range in ("<10,>=9", ">=9,<10")
     assert not info.kernel_compatible(kernel_version())
@@ -66,9 +71,14 @@ def test_plugin_for_another_kernel_is_refused_naming_both_versions(fake_plugin: 
 
 
 def test_plugin_within_the_kernel_range_loads(fake_plugin: Any) -> None:
-    fake_plugin("skulk-engine-present", "0.1.3", plugin="engine-present", module="skulk_fake_present",
-                requires=[f"skulk-kernel>={kernel_version()}"],
-                module_source=PLUGIN_SOURCE.format(name="present"))
+    fake_plugin(
+        "skulk-engine-present",
+        "0.1.3",
+        plugin="engine-present",
+        module="skulk_fake_present",
+        requires=[f"skulk-kernel>={kernel_version()}"],
+        module_source=PLUGIN_SOURCE.format(name="present"),
+    )
     pm = build_plugin_manager(profile_of("engine-present"))
     assert pm.has_plugin("engine-present")
     facts: dict[str, Any] = {}
@@ -77,38 +87,54 @@ def test_plugin_within_the_kernel_range_loads(fake_plugin: Any) -> None:
 
 
 def test_plugin_without_a_kernel_requirement_is_accepted(fake_plugin: Any) -> None:
-    fake_plugin("skulk-any-kernel", plugin="any-kernel", module="skulk_fake_any", requires=[],
-                module_source=PLUGIN_SOURCE.format(name="any"))
+    fake_plugin(
+        "skulk-any-kernel",
+        plugin="any-kernel",
+        module="skulk_fake_any",
+        requires=[],
+        module_source=PLUGIN_SOURCE.format(name="any"),
+    )
     assert installed_plugins()["any-kernel"].kernel_range == ""
     assert build_plugin_manager(profile_of("any-kernel")).has_plugin("any-kernel")
 
 
 def test_plugin_that_fails_to_import_is_named(fake_plugin: Any) -> None:
-    fake_plugin("skulk-broken", plugin="broken", module="skulk_fake_broken",
-                module_source="import a_module_that_does_not_exist_anywhere\n")
+    fake_plugin(
+        "skulk-broken",
+        plugin="broken",
+        module="skulk_fake_broken",
+        module_source="import a_module_that_does_not_exist_anywhere\n",
+    )
     with pytest.raises(PluginLoadError, match=r"plugin 'broken' failed to import.*a_module_that"):
         build_plugin_manager(profile_of("broken"))
 
 
 def test_misspelled_hook_is_a_load_error_naming_the_plugin(fake_plugin: Any) -> None:
-    fake_plugin("skulk-typo", plugin="engine-typo", module="skulk_fake_typo",
-                module_source="from skulk_kernel import hookimpl\n\n"
-                              "@hookimpl\ndef probe_nodes(facts):\n    pass\n")
+    fake_plugin(
+        "skulk-typo",
+        plugin="engine-typo",
+        module="skulk_fake_typo",
+        module_source="from skulk_kernel import hookimpl\n\n@hookimpl\ndef probe_nodes(facts):\n    pass\n",
+    )
     with pytest.raises(PluginLoadError, match=r"plugin 'engine-typo'.*unknown hook 'probe_nodes'"):
         build_plugin_manager(profile_of("engine-typo"))
 
 
 def test_hookimpl_with_unknown_argument_is_a_load_error(fake_plugin: Any) -> None:
-    fake_plugin("skulk-badargs", plugin="engine-badargs", module="skulk_fake_badargs",
-                module_source="from skulk_kernel import hookimpl\n\n"
-                              "@hookimpl\ndef probe_node(facts, weather):\n    pass\n")
+    fake_plugin(
+        "skulk-badargs",
+        plugin="engine-badargs",
+        module="skulk_fake_badargs",
+        module_source="from skulk_kernel import hookimpl\n\n@hookimpl\ndef probe_node(facts, weather):\n    pass\n",
+    )
     with pytest.raises(PluginLoadError, match=r"(?s)plugin 'engine-badargs' \(skulk-badargs\).*weather"):
         build_plugin_manager(profile_of("engine-badargs"))
 
 
 def test_only_the_profiles_plugins_are_loaded(fake_plugin: Any) -> None:
-    fake_plugin("skulk-unused", plugin="unused", module="skulk_fake_unused",
-                module_source=PLUGIN_SOURCE.format(name="unused"))
+    fake_plugin(
+        "skulk-unused", plugin="unused", module="skulk_fake_unused", module_source=PLUGIN_SOURCE.format(name="unused")
+    )
     pm = build_plugin_manager(profile_of("engine-echo"))
     assert "skulk_fake_unused" not in sys.modules
     assert [n for n, _ in pm.list_name_plugin()] == ["kernel-defaults", "engine-echo"]
@@ -152,8 +178,7 @@ class EnginePlugin:
             register(_Engine(name))
 
 
-def test_duplicate_engine_names_name_both_plugins(plugin_manager: pluggy.PluginManager,
-                                                  register_plugin: Any) -> None:
+def test_duplicate_engine_names_name_both_plugins(plugin_manager: pluggy.PluginManager, register_plugin: Any) -> None:
     register_plugin(EnginePlugin("echo2", "shared"), "engine-one")
     register_plugin(EnginePlugin("shared"), "engine-two")
     with pytest.raises(NodeError) as raised:
@@ -171,8 +196,7 @@ def test_duplicate_engine_name_with_a_real_plugin_stops_the_node(tmp_path: Path)
         Node(profile_of("engine-echo"), NodeOptions(home=tmp_path), pm=pm)
 
 
-def test_distinct_engine_names_are_all_collected(plugin_manager: pluggy.PluginManager,
-                                                 register_plugin: Any) -> None:
+def test_distinct_engine_names_are_all_collected(plugin_manager: pluggy.PluginManager, register_plugin: Any) -> None:
     register_plugin(EnginePlugin("a", "b"), "engine-ab")
     register_plugin(EnginePlugin("c"), "engine-c")
     engines = collect(plugin_manager, "register_engines", "engine")
@@ -191,9 +215,9 @@ def test_one_plugin_name_from_two_distributions_names_both(fake_plugin: Any) -> 
 # ============================== guarded hooks ====================================================
 
 
-def test_raising_implementation_is_logged_and_skipped(plugin_manager: pluggy.PluginManager,
-                                                      register_plugin: Any,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_raising_implementation_is_logged_and_skipped(
+    plugin_manager: pluggy.PluginManager, register_plugin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     first, last = RecordingPlugin(["probe_node"]), RecordingPlugin(["probe_node"])
     register_plugin(first, "first")
     register_plugin(RecordingPlugin(["probe_node"], raising=["probe_node"]), "broken")
@@ -207,8 +231,9 @@ def test_raising_implementation_is_logged_and_skipped(plugin_manager: pluggy.Plu
     assert "plugin 'broken' raised in hook probe_node" in caplog.text
 
 
-def test_guarded_firstresult_skips_a_raising_decision(plugin_manager: pluggy.PluginManager,
-                                                      register_plugin: Any) -> None:
+def test_guarded_firstresult_skips_a_raising_decision(
+    plugin_manager: pluggy.PluginManager, register_plugin: Any
+) -> None:
     class Refuser:
         @hookimpl
         def check_command(self, command: Any, state: Any) -> str:
@@ -221,8 +246,9 @@ def test_guarded_firstresult_skips_a_raising_decision(plugin_manager: pluggy.Plu
     assert [f[1] for f in hooks.failures] == ["broken"]
 
 
-async def test_raising_async_implementation_is_skipped(plugin_manager: pluggy.PluginManager,
-                                                       register_plugin: Any) -> None:
+async def test_raising_async_implementation_is_skipped(
+    plugin_manager: pluggy.PluginManager, register_plugin: Any
+) -> None:
     seen: list[str] = []
 
     class Async:
@@ -279,8 +305,7 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
     before, after = Counter(), Counter()
     broken = RecordingPlugin(
         ["startup", "probe_node", "on_event_applied", "on_master_changed", "wrap_inference", "shutdown"],
-        raising=["startup", "probe_node", "on_event_applied", "on_master_changed", "wrap_inference",
-                 "shutdown"],
+        raising=["startup", "probe_node", "on_event_applied", "on_master_changed", "wrap_inference", "shutdown"],
     )
     register_plugin(pm, before, "before")
     register_plugin(pm, broken, "broken")
@@ -305,8 +330,9 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
 
             at = datetime.now(UTC)
             for idx in range(3):
-                await node.ingest(IndexedEvent(idx=idx, origin=node.node_id, at=at,
-                                               event=NodeJoined(node_id=f"n{idx}")))
+                await node.ingest(
+                    IndexedEvent(idx=idx, origin=node.node_id, at=at, event=NodeJoined(node_id=f"n{idx}"))
+                )
             assert node.state.topology.nodes == ("n0", "n1", "n2")
             assert before.events == after.events == [0, 1, 2]
             assert [t.get_name() for t in node._tasks if t.done()] == []  # no background task died
@@ -314,8 +340,14 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
             await node.stop()
     assert before.stopped == after.stopped == 1
     failed_hooks = {hook for hook, plugin, _ in node.hooks.failures if plugin == "broken"}
-    assert failed_hooks == {"startup", "probe_node", "on_event_applied", "on_master_changed",
-                            "wrap_inference", "shutdown"}
+    assert failed_hooks == {
+        "startup",
+        "probe_node",
+        "on_event_applied",
+        "on_master_changed",
+        "wrap_inference",
+        "shutdown",
+    }
     assert {f[1] for f in node.hooks.failures} == {"broken"}
     assert "plugin 'broken' raised in hook on_event_applied" in caplog.text
     assert "the node keeps running" in caplog.text
@@ -324,9 +356,12 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
 # ============================== tracing ==========================================================
 
 
-def test_trace_hooks_logs_every_call(plugin_manager: pluggy.PluginManager, register_plugin: Any,
-                                     monkeypatch: pytest.MonkeyPatch,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_trace_hooks_logs_every_call(
+    plugin_manager: pluggy.PluginManager,
+    register_plugin: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     register_plugin(RecordingPlugin(["probe_node", "configure"]), "traced")
     monkeypatch.setenv("SKULK_TRACE_HOOKS", "1")
     hooks = GuardedHooks(plugin_manager)
@@ -340,9 +375,13 @@ def test_trace_hooks_logs_every_call(plugin_manager: pluggy.PluginManager, regis
 
 
 @pytest.mark.parametrize("value", ["", "0"])
-def test_no_trace_by_default(plugin_manager: pluggy.PluginManager, register_plugin: Any,
-                             monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                             value: str) -> None:
+def test_no_trace_by_default(
+    plugin_manager: pluggy.PluginManager,
+    register_plugin: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    value: str,
+) -> None:
     register_plugin(RecordingPlugin(["probe_node"]), "quiet")
     monkeypatch.setenv("SKULK_TRACE_HOOKS", value)
     with caplog.at_level(logging.DEBUG, logger="skulk.hooks"):

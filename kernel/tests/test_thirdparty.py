@@ -62,8 +62,9 @@ def test_pip_installed_plugin_is_listed(installed_hello: float) -> None:
 
     info = installed_plugins()["hello-world"]
     assert (info.distribution, info.version, info.module) == ("skulk-hello", "0.1.0", "skulk_hello.plugin")
-    out = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "plugins"], capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "skulk_kernel.cli", "plugins"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     line = next(line for line in out.splitlines() if line.split()[:1] == ["hello-world"])
     assert "skulk-hello 0.1.0" in line and "INCOMPATIBLE" not in line
     assert installed_hello < 240
@@ -77,20 +78,25 @@ class TestHelloPlugin(PluginConformance):
         pass
 
 
-def test_node_runs_the_third_party_plugin(installed_hello: float, tmp_path: Path,
-                                          node_factory: Callable[..., NodeProcess]) -> None:
+def test_node_runs_the_third_party_plugin(
+    installed_hello: float, tmp_path: Path, node_factory: Callable[..., NodeProcess]
+) -> None:
     profile = tmp_path / "hello.toml"
     profile.write_text(
-        '[profile]\n'
+        "[profile]\n"
         'name = "hello"\n'
         'description = "engine-echo plus a third-party plugin"\n'
         'plugins = ["engine-echo", "hello-world", "api-control"]\n'
-        '\n'
-        '[plugins.hello-world]\n'
+        "\n"
+        "[plugins.hello-world]\n"
         'greeting = "Howdy"\n'
     )
-    shown = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "profile", "show", str(profile)],
-                           capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "skulk_kernel.cli", "profile", "show", str(profile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "hello-world" in shown.stdout and "skulk-hello 0.1.0 (ok)" in shown.stdout
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from skulk_kernel.tasks import ChatMessage, TextGenerationParams, TokenChunk, _Chunk
+from skulk_kernel.tasks import ChatMessage, Chunk, TextGenerationParams, TokenChunk
 from skulk_testing.conformance import (
     ApiAdapterConformance,
     ElectionConformance,
@@ -65,7 +65,7 @@ class PlainTextAdapter:
         return TextGenerationParams(model_id=body["model"],
                                     messages=(ChatMessage(role="user", content=body["prompt"]),))
 
-    async def stream(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[bytes]:
+    async def stream(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         async for chunk in chunks:
             text = chunk.text if isinstance(chunk, TokenChunk) else getattr(chunk, "message", "")
             yield json.dumps({"text": text, "done": chunk.finish_reason is not None}).encode() + b"\n"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel.hookspecs import hookimpl
-from skulk_kernel.instances import Instance, MlxRingInstance
+from skulk_kernel.instances import RingInstance, ShardMetadata
 from skulk_kernel.tasks import TextGenerationParams
 from skulk_kernel.wire import Tagged, WireModel, tagged_union
 from skulk_testing.recording import RecordingPlugin, hookspec_names
@@ -67,13 +67,13 @@ def test_every_union_member_is_reachable() -> None:
     seen: set[str] = set()
 
     @settings(max_examples=100, deadline=None, database=None)
-    @given(strategy_for(Instance))
-    def draw(instance: Any) -> None:
-        seen.add(type(instance).__name__)
+    @given(strategy_for(ShardMetadata))
+    def draw(shard: Any) -> None:
+        seen.add(type(shard).__name__)
 
     draw()
-    assert seen == {t.__name__ for t in union_members(Instance)}
-    assert len(seen) == 3
+    assert seen == {t.__name__ for t in union_members(ShardMetadata)}
+    assert len(seen) == 2
 
 
 @FAST
@@ -125,7 +125,7 @@ def test_unsupported_types_say_how_to_fix() -> None:
 def test_union_members_of_tagged_union() -> None:
     assert union_members(Either) == (Inner, Other)
     assert union_members(int | None) == (int, type(None))
-    assert union_members(MlxRingInstance) == (MlxRingInstance,)
+    assert union_members(RingInstance) == (RingInstance,)
 
 
 # ============================== recording plugin =================================================

@@ -23,8 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 58
 SECTIONS = ("kernel", "serving", "concurrency", "coldstart", "cluster")
 NUMBER = (int, float)
-HARNESS_BUGS = ("TypeError", "KeyError", "AttributeError", "NameError", "IndexError", "AssertionError",
-                "UnboundLocalError", "ZeroDivisionError")
+HARNESS_BUGS = (
+    "TypeError",
+    "KeyError",
+    "AttributeError",
+    "NameError",
+    "IndexError",
+    "AssertionError",
+    "UnboundLocalError",
+    "ZeroDivisionError",
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT_S + 40)]
 
@@ -32,11 +40,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT_S + 40)]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench-results")
-    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--profile", "dev", "--model", "skulk/echo",
-           "--skip-inprocess", "--startup-timeout", "40", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "run.py"),
+        "--tiny",
+        "--profile",
+        "dev",
+        "--model",
+        "skulk/echo",
+        "--skip-inprocess",
+        "--startup-timeout",
+        "40",
+        "--out",
+        str(out),
+    ]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         output, _ = proc.communicate(timeout=LIMIT_S)
     except subprocess.TimeoutExpired:
@@ -51,8 +77,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     text = output.decode(errors="replace")
     reports = sorted(out.glob("*.json"))
     assert len(reports) == 1, (reports, text[-4000:])
-    return {"report": json.loads(reports[0].read_text()), "output": text, "rc": proc.returncode,
-            "elapsed": elapsed, "out": out}
+    return {
+        "report": json.loads(reports[0].read_text()),
+        "output": text,
+        "rc": proc.returncode,
+        "elapsed": elapsed,
+        "out": out,
+    }
 
 
 def test_exits_zero_within_the_bound(run: dict[str, Any]) -> None:
@@ -96,9 +127,18 @@ def test_top_level_schema(run: dict[str, Any]) -> None:
     assert settings["profile"] == "dev" and settings["model"] == "skulk/echo" and settings["skip_inprocess"] is True
 
     machine = report["machine"]
-    for key, kind in (("hostname", str), ("os", str), ("arch", str), ("cpu_model", str), ("cpu_count", int),
-                      ("cpu_usable", int), ("memory_total_bytes", int), ("memory_available_bytes", int),
-                      ("python", str), ("load_average", list)):
+    for key, kind in (
+        ("hostname", str),
+        ("os", str),
+        ("arch", str),
+        ("cpu_model", str),
+        ("cpu_count", int),
+        ("cpu_usable", int),
+        ("memory_total_bytes", int),
+        ("memory_available_bytes", int),
+        ("python", str),
+        ("load_average", list),
+    ):
         assert isinstance(machine[key], kind), key
     assert machine["cpu_count"] >= 1 and machine["memory_total_bytes"] > 0 and machine["cpu_model"]
     assert isinstance(report["machine_end"]["load_average"], list)
@@ -147,8 +187,12 @@ def test_every_section_has_the_same_shape(run: dict[str, Any]) -> None:
 def test_kernel_ratios(run: dict[str, Any]) -> None:
     kernel = run["report"]["sections"]["kernel"]
     assert kernel["status"] == "ok"
-    for key in ("eventlog_append_vs_msgpack", "eventlog_replay_vs_msgpack", "apply_vs_msgpack_decode",
-                "apply_only_vs_msgpack_decode"):
+    for key in (
+        "eventlog_append_vs_msgpack",
+        "eventlog_replay_vs_msgpack",
+        "apply_vs_msgpack_decode",
+        "apply_only_vs_msgpack_decode",
+    ):
         assert isinstance(kernel["ratios"][key]["value"], NUMBER) and kernel["ratios"][key]["value"] > 0
     assert kernel["results"]["eventlog"]["records"] == run["report"]["settings"]["kernel_records"]
 

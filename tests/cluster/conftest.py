@@ -43,9 +43,14 @@ class Cluster:
         self.nodes: list[NodeProcess] = []
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
-        node = start_node(str(self.profile), "--node-name", f"n{len(self.nodes)}", *args,
-                          home=self.tmp / f"node{len(self.nodes)}",
-                          env={"SKULK_NETWORK_VERSION": self.version, **self.env, **(env or {})})
+        node = start_node(
+            str(self.profile),
+            "--node-name",
+            f"n{len(self.nodes)}",
+            *args,
+            home=self.tmp / f"node{len(self.nodes)}",
+            env={"SKULK_NETWORK_VERSION": self.version, **self.env, **(env or {})},
+        )
         self.nodes.append(node)
         return node
 
@@ -90,8 +95,10 @@ class Cluster:
                 views.append((n.api_port, d["runtime"]["masterNodeId"], d["lastEventAppliedIdx"], d["stateHash"][:8]))
             except Exception as exc:
                 views.append((n.api_port, repr(exc)))
-        raise TimeoutError(f"cluster did not agree in {timeout}s: {views} {last!r}\n"
-                           + "\n".join(n.log()[-1500:] for n in self.alive()))
+        raise TimeoutError(
+            f"cluster did not agree in {timeout}s: {views} {last!r}\n"
+            + "\n".join(n.log()[-1500:] for n in self.alive())
+        )
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -102,11 +109,22 @@ class Cluster:
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
-    def make(default_models: tuple[str, ...] = ("skulk/echo",), timeout: float = 30.0, multicast: bool = True,
-             engine: str = "engine-echo", env: dict[str, str] | None = None) -> Cluster:
+    def make(
+        default_models: tuple[str, ...] = ("skulk/echo",),
+        timeout: float = 30.0,
+        multicast: bool = True,
+        engine: str = "engine-echo",
+        env: dict[str, str] | None = None,
+    ) -> Cluster:
         profile = tmp_path / f"profile{len(made)}.toml"
-        profile.write_text(PROFILE.format(default_models=list(default_models).__repr__().replace("'", '"'),
-                                          timeout=timeout, multicast=str(multicast).lower(), engine=engine))
+        profile.write_text(
+            PROFILE.format(
+                default_models=list(default_models).__repr__().replace("'", '"'),
+                timeout=timeout,
+                multicast=str(multicast).lower(),
+                engine=engine,
+            )
+        )
         cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {})
         made.append(cluster)
         return cluster

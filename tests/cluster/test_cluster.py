@@ -17,8 +17,11 @@ pytestmark = pytest.mark.slow
 
 
 def chat(node, content: str, timeout: float = 20) -> httpx.Response:
-    return httpx.post(node.url + "/v1/chat/completions", timeout=timeout,
-                      json={"model": "skulk/echo", "messages": [{"role": "user", "content": content}]})
+    return httpx.post(
+        node.url + "/v1/chat/completions",
+        timeout=timeout,
+        json={"model": "skulk/echo", "messages": [{"role": "user", "content": content}]},
+    )
 
 
 def place(node, model: str = "skulk/echo", excluded: list[str] | None = None) -> str:
@@ -69,9 +72,12 @@ def test_master_kill_9_mid_stream(cluster_factory):
     lines: list[str] = []
     words = " ".join(f"w{i}" for i in range(300))
     killed_at = None
-    with httpx.stream("POST", survivor.url + "/v1/chat/completions", timeout=30,
-                      json={"model": "skulk/echo", "stream": True,
-                            "messages": [{"role": "user", "content": f"/slow {words}"}]}) as response:
+    with httpx.stream(
+        "POST",
+        survivor.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": "skulk/echo", "stream": True, "messages": [{"role": "user", "content": f"/slow {words}"}]},
+    ) as response:
         for line in response.iter_lines():
             lines.append(line)
             if len(lines) == 10:
@@ -103,9 +109,12 @@ def test_host_kill_9_fails_fast_then_replaces(cluster_factory):
 
     def stream() -> None:
         words = " ".join(f"w{i}" for i in range(300))
-        with httpx.stream("POST", master.url + "/v1/chat/completions", timeout=30,
-                          json={"model": "skulk/echo", "stream": True,
-                                "messages": [{"role": "user", "content": f"/slow {words}"}]}) as response:
+        with httpx.stream(
+            "POST",
+            master.url + "/v1/chat/completions",
+            timeout=30,
+            json={"model": "skulk/echo", "stream": True, "messages": [{"role": "user", "content": f"/slow {words}"}]},
+        ) as response:
             for line in response.iter_lines():
                 if '"error"' in line:
                     outcome["error"] = line
@@ -142,6 +151,7 @@ def test_late_joiner_after_10k_events_reaches_the_same_state(cluster_factory):
     first, second = cluster.start(), cluster.start()
     cluster.wait_agreed(60)
     with httpx.Client(base_url=first.url, timeout=30) as client:
+
         def toggles(start: int, count: int) -> None:
             for i in range(start, start + count):
                 assert client.put("/v1/tracing", json={"enabled": i % 2 == 0}).status_code == 200
@@ -168,8 +178,10 @@ def test_late_joiner_after_10k_events_reaches_the_same_state(cluster_factory):
     cluster.wait_agreed(30)
     assert cluster.diag(joiner)["stateHash"] == cluster.diag(second)["stateHash"]
     assert max(latencies) < 5.0, f"command latency during the join: max {max(latencies):.2f}s"
-    print(f"command latency during join: p50 {statistics.median(latencies) * 1000:.1f} ms, "
-          f"max {max(latencies) * 1000:.1f} ms over {len(latencies)} commands")
+    print(
+        f"command latency during join: p50 {statistics.median(latencies) * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms over {len(latencies)} commands"
+    )
 
 
 def test_other_network_version_does_not_join_and_says_why(cluster_factory):
@@ -243,8 +255,7 @@ def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_
 
     from tests.conftest import CHAT_MODEL
 
-    cluster = cluster_factory(default_models=(), env={"SKULK_MODELS_DIR": str(models_dir)},
-                              engine="engine-llamacpp")
+    cluster = cluster_factory(default_models=(), env={"SKULK_MODELS_DIR": str(models_dir)}, engine="engine-llamacpp")
     a, b, c = cluster.start(), cluster.start(), cluster.start()
     cluster.wait_agreed(60)
     a_id, b_id, c_id = (cluster.node_id(n) for n in (a, b, c))
@@ -253,14 +264,14 @@ def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_
     assert instance_nodes(c.state())[instance_id] == [b_id]
     client = openai.OpenAI(base_url=c.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     text, reasons = "", []
-    for chunk in client.chat.completions.create(model=CHAT_MODEL, stream=True, max_tokens=32,
-                                                messages=[{"role": "user", "content": "Name a colour."}]):
+    for chunk in client.chat.completions.create(
+        model=CHAT_MODEL, stream=True, max_tokens=32, messages=[{"role": "user", "content": "Name a colour."}]
+    ):
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
             if chunk.choices[0].finish_reason:
                 reasons.append(chunk.choices[0].finish_reason)
     assert text.strip() and reasons in (["stop"], ["length"])
-
 
 
 def test_cluster_diagnostics_agree_from_every_node(cluster_factory):

@@ -22,9 +22,14 @@ import pytest
 from tests.conftest import CHAT_MODEL, EMBED_MODEL
 
 CONTROL_MARKUP = ("<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>", "<|endoftext|>")
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +39,9 @@ def client(llama_node) -> openai.OpenAI:
 
 def test_streaming_helper_and_usage(client):
     text, reasons = "", []
-    with client.chat.completions.stream(model="SmolLM2-135M-Instruct", max_tokens=40,
-                                        messages=[{"role": "user", "content": "Describe the sea."}]) as stream:
+    with client.chat.completions.stream(
+        model="SmolLM2-135M-Instruct", max_tokens=40, messages=[{"role": "user", "content": "Describe the sea."}]
+    ) as stream:
         for event in stream:  # (get_final_completion() raises by design when the answer hit max_tokens)
             if event.type == "content.delta":
                 text += event.delta
@@ -43,8 +49,9 @@ def test_streaming_helper_and_usage(client):
                 reasons.append(event.chunk.choices[0].finish_reason)
     assert text.strip()
     assert reasons in (["stop"], ["length"])
-    answer = client.chat.completions.create(model=CHAT_MODEL, max_tokens=16,
-                                            messages=[{"role": "user", "content": "Say hello."}])
+    answer = client.chat.completions.create(
+        model=CHAT_MODEL, max_tokens=16, messages=[{"role": "user", "content": "Say hello."}]
+    )
     usage = answer.usage
     assert usage.prompt_tokens > 5 and 0 < usage.completion_tokens <= 16
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
@@ -53,8 +60,9 @@ def test_streaming_helper_and_usage(client):
 
 def test_tool_schema_gives_tool_calls_or_clean_prose(client):
     for prompt in ("What's the weather in Paris right now?", "Call get_weather for Tokyo."):
-        answer = client.chat.completions.create(model=CHAT_MODEL, max_tokens=60, tools=[WEATHER_TOOL],
-                                                messages=[{"role": "user", "content": prompt}])
+        answer = client.chat.completions.create(
+            model=CHAT_MODEL, max_tokens=60, tools=[WEATHER_TOOL], messages=[{"role": "user", "content": prompt}]
+        )
         choice = answer.choices[0]
         if choice.message.tool_calls:
             assert choice.finish_reason == "tool_calls"
@@ -67,8 +75,14 @@ def test_tool_schema_gives_tool_calls_or_clean_prose(client):
 
 
 def test_logprobs_are_consistent_with_content(client):
-    answer = client.chat.completions.create(model=CHAT_MODEL, max_tokens=20, logprobs=True, top_logprobs=2,
-                                            temperature=0, messages=[{"role": "user", "content": "Count to five."}])
+    answer = client.chat.completions.create(
+        model=CHAT_MODEL,
+        max_tokens=20,
+        logprobs=True,
+        top_logprobs=2,
+        temperature=0,
+        messages=[{"role": "user", "content": "Count to five."}],
+    )
     content = answer.choices[0].message.content
     tokens = answer.choices[0].logprobs.content
     assert "".join(t.token for t in tokens) == content
@@ -92,8 +106,7 @@ def test_place_second_copy_then_delete(llama_node):
     assert placed.status_code == 200, placed.text
     body = placed.json()
     assert body["instance_id"] == body["command_id"] and body["model_card"]["modelId"] == CHAT_MODEL
-    llama_node.wait_until(lambda: body["instance_id"] in llama_node.ready_instances(CHAT_MODEL), 120,
-                          "the second copy")
+    llama_node.wait_until(lambda: body["instance_id"] in llama_node.ready_instances(CHAT_MODEL), 120, "the second copy")
     assert len(llama_node.ready_instances(CHAT_MODEL)) == len(before) + 1
     listed = llama_node.get(f"/instance/{body['instance_id']}")
     assert listed.status_code == 200
@@ -133,8 +146,9 @@ def test_placement_that_cannot_fit_names_node_and_arithmetic(llama_node, tmp_pat
 
 def test_context_overflow_is_400_before_any_stream(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=CHAT_MODEL, max_tokens=9000, stream=True,
-                                       messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model=CHAT_MODEL, max_tokens=9000, stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
     assert "context_length_exceeded" in str(err.value)
 
 
@@ -156,8 +170,13 @@ def test_malformed_requests_are_4xx_openai_errors(llama_node):
 
 
 def _stream_lines(node, content: str, max_tokens: int = 400):
-    body = {"model": CHAT_MODEL, "stream": True, "max_tokens": max_tokens, "temperature": 0.8,
-            "messages": [{"role": "user", "content": content}]}
+    body = {
+        "model": CHAT_MODEL,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "messages": [{"role": "user", "content": content}],
+    }
     return httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=60)
 
 
@@ -179,8 +198,11 @@ def test_cancel_endpoint_stops_generation(llama_node, client):
                 tokens_after_cancel += 1
     assert cancelled_at is not None and tokens_after_cancel <= 5
     llama_node.wait_until(lambda: not _tasks(llama_node), 10, "the cancelled task to leave State")
-    assert client.chat.completions.create(model=CHAT_MODEL, max_tokens=8,
-                                          messages=[{"role": "user", "content": "Hi"}]).choices[0].message.content
+    assert (
+        client.chat.completions.create(model=CHAT_MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+        .choices[0]
+        .message.content
+    )
 
 
 def test_client_disconnect_cancels(llama_node, client):
@@ -189,8 +211,11 @@ def test_client_disconnect_cancels(llama_node, client):
             if line.startswith("data: {") and '"content"' in line:
                 break
     llama_node.wait_until(lambda: not _tasks(llama_node), 10, "the abandoned task to be cancelled")
-    assert client.chat.completions.create(model=CHAT_MODEL, max_tokens=8,
-                                          messages=[{"role": "user", "content": "Hi"}]).choices[0].message.content
+    assert (
+        client.chat.completions.create(model=CHAT_MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+        .choices[0]
+        .message.content
+    )
 
 
 def _runner_pid(node, model_id: str) -> int:
@@ -210,10 +235,14 @@ def test_runner_kill_9_mid_stream_errors_then_recovers(llama_node, client):
             if line.startswith("data: {") and '"error"' in line:
                 saw_error = True
     assert saw_error and time.monotonic() - started < 20
-    llama_node.wait_until(lambda: _runner_pid(llama_node, CHAT_MODEL) != 0 and
-                          llama_node.ready_instances(CHAT_MODEL), 120, "the runner to come back")
-    answer = client.chat.completions.create(model=CHAT_MODEL, max_tokens=8,
-                                            messages=[{"role": "user", "content": "Hi"}])
+    llama_node.wait_until(
+        lambda: _runner_pid(llama_node, CHAT_MODEL) != 0 and llama_node.ready_instances(CHAT_MODEL),
+        120,
+        "the runner to come back",
+    )
+    answer = client.chat.completions.create(
+        model=CHAT_MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+    )
     assert answer.choices[0].message.content
 
 
@@ -223,8 +252,11 @@ def test_twenty_concurrent_streams_complete(client):
     def one(i: int) -> None:
         text, reason = "", None
         for chunk in client.chat.completions.create(
-                model=CHAT_MODEL, stream=True, max_tokens=24,
-                messages=[{"role": "user", "content": f"Give me fact number {i} about owls."}]):
+            model=CHAT_MODEL,
+            stream=True,
+            max_tokens=24,
+            messages=[{"role": "user", "content": f"Give me fact number {i} about owls."}],
+        ):
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
                 reason = chunk.choices[0].finish_reason or reason
@@ -242,8 +274,12 @@ def test_twenty_concurrent_streams_complete(client):
 def test_readme_first_command_is_the_default_profile():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     assert "./skulk run" in readme and "./skulk test" in readme
-    out = subprocess.run([sys.executable, "-m", "skulk_kernel.cli", "profile", "show", "cpu-llamacpp"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "skulk_kernel.cli", "profile", "show", "cpu-llamacpp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -256,15 +292,20 @@ def test_one_instance_answers_through_all_four_formats(llama_node):
     instances = llama_node.ready_instances(CHAT_MODEL)
     assert len(instances) == 1
     chat = openai.OpenAI(base_url=llama_node.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    via_chat = chat.chat.completions.create(model=CHAT_MODEL, max_tokens=24, temperature=0,
-                                            messages=[{"role": "user", "content": prompt}])
+    via_chat = chat.chat.completions.create(
+        model=CHAT_MODEL, max_tokens=24, temperature=0, messages=[{"role": "user", "content": prompt}]
+    )
     via_responses = chat.responses.create(model=CHAT_MODEL, max_output_tokens=24, temperature=0, input=prompt)
     claude = anthropic.Anthropic(base_url=llama_node.url, api_key="x", max_retries=0, timeout=120)
-    via_messages = claude.messages.create(model=CHAT_MODEL, max_tokens=24, extra_body={"temperature": 0},
-                                          messages=[{"role": "user", "content": prompt}])
+    via_messages = claude.messages.create(
+        model=CHAT_MODEL, max_tokens=24, extra_body={"temperature": 0}, messages=[{"role": "user", "content": prompt}]
+    )
     via_ollama = ollama.Client(host=llama_node.url).chat(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": prompt}], stream=False,
-        options={"temperature": 0, "num_predict": 24})
+        model=CHAT_MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        stream=False,
+        options={"temperature": 0, "num_predict": 24},
+    )
     answers = [
         via_chat.choices[0].message.content,
         via_responses.output_text,

@@ -28,15 +28,11 @@ class OutOfOrderEvent(ValueError):
 
 def apply(state: State, indexed: ev.IndexedEvent) -> State:
     if indexed.idx != state.last_event_applied_idx + 1:
-        raise OutOfOrderEvent(
-            f"event {indexed.idx} does not follow {state.last_event_applied_idx}"
-        )
+        raise OutOfOrderEvent(f"event {indexed.idx} does not follow {state.last_event_applied_idx}")
     updates = _apply_event(indexed.event, state)
     # Start from the rule's own last_seen (NodeTimedOut prunes it), then stamp the origin.
     last_seen = {**updates.get("last_seen", state.last_seen), indexed.origin: indexed.at}
-    return state.model_copy(
-        update={**updates, "last_seen": last_seen, "last_event_applied_idx": indexed.idx}
-    )
+    return state.model_copy(update={**updates, "last_seen": last_seen, "last_event_applied_idx": indexed.idx})
 
 
 Updates = dict[str, Any]
@@ -71,19 +67,14 @@ def _(event: ev.InstanceDeleted, state: State) -> Updates:
 
 @_apply_event.register
 def _(event: ev.InstanceFailureRecorded, state: State) -> Updates:
-    failure = InstanceFailure(
-        instance_id=event.instance_id, model_id=event.model_id, reason=event.reason, at=event.at
-    )
+    failure = InstanceFailure(instance_id=event.instance_id, model_id=event.model_id, reason=event.reason, at=event.at)
     return {"instance_failures": (*state.instance_failures, failure)[-MAX_INSTANCE_FAILURES:]}
 
 
 @_apply_event.register
 def _(event: ev.RunnerStatusUpdated, state: State) -> Updates:
     # A runner belongs to an instance; a late status for a deleted instance must not resurrect it.
-    owned = any(
-        event.runner_id in inst.shard_assignments.runner_to_shard
-        for inst in state.instances.values()
-    )
+    owned = any(event.runner_id in inst.shard_assignments.runner_to_shard for inst in state.instances.values())
     if not owned:
         return {}
     return {"runners": {**state.runners, event.runner_id: event.status}}
@@ -134,9 +125,7 @@ def _(event: ev.NodeTimedOut, state: State) -> Updates:
     node = event.node_id
     topology = Topology(
         nodes=tuple(n for n in state.topology.nodes if n != node),
-        connections=tuple(
-            c for c in state.topology.connections if node not in (c.source, c.sink)
-        ),
+        connections=tuple(c for c in state.topology.connections if node not in (c.source, c.sink)),
     )
     return {
         "topology": topology,

@@ -32,16 +32,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     running = kernel_version()
     plugins = installed_plugins()
     if args.json:
-        print(json.dumps([p.__dict__ | {"compatible": p.kernel_compatible(running)}
-                          for p in plugins.values()], indent=2))
+        print(
+            json.dumps([p.__dict__ | {"compatible": p.kernel_compatible(running)} for p in plugins.values()], indent=2)
+        )
         return 0
     print(f"skulk-kernel {running}")
     if not plugins:
         print("no plugins installed")
     for info in sorted(plugins.values(), key=lambda p: p.name):
         ok = "" if info.kernel_compatible(running) else "  INCOMPATIBLE with this kernel"
-        print(f"  {info.name:<20} {info.distribution} {info.version:<8} "
-              f"kernel{info.kernel_range or ' any'}{ok}")
+        print(f"  {info.name:<20} {info.distribution} {info.version:<8} kernel{info.kernel_range or ' any'}{ok}")
     return 0
 
 
@@ -81,7 +81,8 @@ def cmd_profile_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .node import Node, NodeError, NodeOptions
+    from .hooks import NodeError
+    from .node import Node, NodeOptions
 
     profile = load_profile(args.profile)
     options = NodeOptions(
@@ -92,9 +93,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         force_master=args.force_master,
         bootstrap_peers=tuple(p for p in (args.bootstrap_peers or "").split(",") if p),
         offline=args.offline or NodeOptions().offline,
-        **({"node_name": args.node_name} if args.node_name else {}),
-        **({"home": Path(args.home).expanduser()} if args.home else {}),
     )
+    if args.node_name:
+        options.node_name = args.node_name
+    if args.home:
+        options.home = Path(args.home).expanduser()
     if args.no_default_models:
         options.extra["no_default_models"] = True
     try:
@@ -122,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-name", default=None, help="friendly name (default: hostname)")
     run.add_argument("--home", default=None, help="data directory (default: $SKULK_HOME or ~/.skulk)")
     run.add_argument("--offline", action="store_true", help="never reach for the internet")
-    run.add_argument("--no-default-models", action="store_true",
-                     help="do not place the profile's default models at start-up")
+    run.add_argument(
+        "--no-default-models", action="store_true", help="do not place the profile's default models at start-up"
+    )
     run.add_argument("-v", "--verbose", action="count", default=0)
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.set_defaults(func=cmd_run)
@@ -153,6 +157,7 @@ def _add_plugin_commands(parser: argparse.ArgumentParser, argv: list[str]) -> No
     wanted = next((a for a in argv if not a.startswith("-")), None)
     if wanted is None or wanted in BUILTIN_COMMANDS:
         return
+    from .hooks import GuardedHooks
     from .plugins import build_plugin_manager
 
     try:
@@ -161,7 +166,7 @@ def _add_plugin_commands(parser: argparse.ArgumentParser, argv: list[str]) -> No
         print(f"warning: plugin commands unavailable: {exc}", file=sys.stderr)
         return
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    pm.hook.register_cli_commands(cli=sub)
+    GuardedHooks(pm).call("register_cli_commands", cli=sub)
 
 
 def main(argv: list[str] | None = None) -> int:

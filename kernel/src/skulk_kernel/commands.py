@@ -6,42 +6,45 @@ command carries its own id so an API caller can correlate the acknowledgement wi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias, get_args
+
 from pydantic import Field
 
 from .ids import CommandId, InstanceId, ModelId, NodeId
-from .instances import Instance, InstanceMeta, Sharding
+from .instances import Instance, Sharding
 from .models import ModelCard
 from .tasks import EmbeddingParams, TextGenerationParams
 from .wire import Tagged, WireModel, tagged_union
 
 
-class _Command(Tagged):
+class CommandBase(Tagged):
+    """Fields every command shares; the union of commands is `Command`."""
+
     command_id: CommandId
 
 
-class PlaceInstance(_Command):
+class PlaceInstance(CommandBase):
     model_id: ModelId
     sharding: Sharding = "Pipeline"
-    instance_meta: InstanceMeta = "MlxRing"
     min_nodes: int = Field(default=1, ge=1)
     excluded_nodes: tuple[NodeId, ...] = ()
 
 
-class CreateInstance(_Command):
+class CreateInstance(CommandBase):
     instance: Instance
 
 
-class DeleteInstance(_Command):
+class DeleteInstance(CommandBase):
     instance_id: InstanceId
 
 
-class RefuseInstancePlacement(_Command):
+class RefuseInstancePlacement(CommandBase):
     instance_id: InstanceId
     node_id: NodeId
     reason: str
 
 
-class FailInstance(_Command):
+class FailInstance(CommandBase):
     """End an instance with a recorded failure.
 
     `replace_excluding` names the node at fault when the failure is local to it (its model files
@@ -53,61 +56,59 @@ class FailInstance(_Command):
     replace_excluding: NodeId | None = None
 
 
-class TextGeneration(_Command):
+class TextGeneration(CommandBase):
     owner_node_id: NodeId
     params: TextGenerationParams
     instance_id: InstanceId | None = None
 
 
-class TextEmbedding(_Command):
+class TextEmbedding(CommandBase):
     owner_node_id: NodeId
     params: EmbeddingParams
     instance_id: InstanceId | None = None
 
 
-class TaskCancelled(_Command):
+class CancelTask(CommandBase):
     """Cancel the task created for `task_command_id` (client gone or POST /v1/cancel)."""
 
     task_command_id: CommandId
 
 
-class TaskFinished(_Command):
+class FinishTask(CommandBase):
     """The owning API saw the terminal chunk: the task can leave State."""
 
     task_command_id: CommandId
 
 
-class AddCustomModelCard(_Command):
+class AddCustomModelCard(CommandBase):
     card: ModelCard
 
 
-class DeleteCustomModelCard(_Command):
+class DeleteCustomModelCard(CommandBase):
     model_id: ModelId
 
 
-class SetTracingEnabled(_Command):
+class SetTracingEnabled(CommandBase):
     enabled: bool
 
 
-class RequestEventLog(_Command):
-    since_idx: int = -1
-
-
-Command = tagged_union(
-    PlaceInstance,
-    CreateInstance,
-    DeleteInstance,
-    RefuseInstancePlacement,
-    FailInstance,
-    TextGeneration,
-    TextEmbedding,
-    TaskCancelled,
-    TaskFinished,
-    AddCustomModelCard,
-    DeleteCustomModelCard,
-    SetTracingEnabled,
-    RequestEventLog,
+Command: TypeAlias = (
+    PlaceInstance
+    | CreateInstance
+    | DeleteInstance
+    | RefuseInstancePlacement
+    | FailInstance
+    | TextGeneration
+    | TextEmbedding
+    | CancelTask
+    | FinishTask
+    | AddCustomModelCard
+    | DeleteCustomModelCard
+    | SetTracingEnabled
 )
+COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)
+if not TYPE_CHECKING:
+    Command = tagged_union(Command)
 
 
 class ForwardedCommand(WireModel):

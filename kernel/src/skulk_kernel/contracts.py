@@ -6,17 +6,121 @@ a registration that is missing a method, and skulk-testing ships a conformance s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .commands import Command
-from .instances import _Shard
+from .events import Event
+from .ids import NodeId
+from .instances import Instance, RankGroup, Sharding, ShardMetadata
 from .models import ModelCard
 from .state import State
-from .tasks import EmbeddingParams, TextGenerationParams, _Chunk
+from .tasks import Chunk, EmbeddingParams, TextGenerationParams
 from .topics import Topic
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from .eventlog import EventLog
+    from .hooks import GuardedHooks
+    from .node import NodeOptions
+    from .profiles import Profile
+    from .readings import ReadingStore
+    from .streams import StreamRouter
+
+# ============================== the node, as plugins see it ======================================
+
+
+@runtime_checkable
+class NodeSurface(Protocol):
+    """Everything a plugin may use of the node it runs in; `skulk_kernel.node.Node` implements it.
+
+    Hooks receive the node typed as this Protocol, never as `Node` or `Any`: what is not named
+    here is private to the kernel and may change without notice. Attributes are read-only to
+    plugins (State changes only through commands and events).
+    """
+
+    # --- identity and configuration
+    @property
+    def node_id(self) -> NodeId: ...
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def options(self) -> NodeOptions: ...
+    @property
+    def home(self) -> Path: ...
+    @property
+    def started_at(self) -> float: ...
+    def plugin_config(self, plugin: str) -> Any: ...
+    def runtime_info(self) -> dict[str, Any]: ...
+
+    # --- replicated State and the master
+    @property
+    def state(self) -> State: ...
+    @property
+    def master_id(self) -> str | None: ...
+    @property
+    def is_master(self) -> bool: ...
+    @property
+    def event_log(self) -> EventLog: ...
+    async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State: ...
+    async def set_master(self, master_id: str | None) -> None:
+        """For elections only: report the winner (None while an election runs)."""
+
+    # --- planes
+    @property
+    def transports(self) -> Mapping[str, Transport]: ...
+    def subscribe(self, topic: Topic, handler: Callable[[str, bytes], Awaitable[None] | None]) -> None: ...
+    async def publish(self, topic: Topic, payload: bytes) -> None: ...
+    async def submit(self, command: Command) -> None: ...
+    async def emit(self, event: Event) -> None: ...
+    async def send_chunk(self, owner: str, chunk: Chunk) -> None: ...
+    def reachable_nodes(self) -> set[str]: ...
+
+    # --- telemetry, facts and health
+    @property
+    def readings(self) -> ReadingStore: ...
+    @property
+    def facts(self) -> dict[str, Any]: ...
+    @property
+    def health_notes(self) -> dict[str, dict[str, str]]:
+        """plugin -> {code: message}: conditions a plugin reports; shown in /state nodeHealth."""
+
+    # --- registered capabilities
+    @property
+    def engines(self) -> Mapping[str, Engine]: ...
+    @property
+    def planners(self) -> Mapping[str, Planner]: ...
+    @property
+    def model_stores(self) -> Mapping[str, ModelStore]: ...
+    @property
+    def elections(self) -> Mapping[str, Election]: ...
+    def engine_owner(self, engine_name: str) -> str:
+        """The plugin that registered `engine_name` (a runner loads only that plugin)."""
+
+    # --- serving
+    @property
+    def streams(self) -> StreamRouter: ...
+    @property
+    def middleware(self) -> list[InferenceMiddleware]: ...
+    @property
+    def hooks(self) -> GuardedHooks: ...
+    @property
+    def pm(self) -> pluggy.PluginManager: ...
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """plugin name -> the per-node object that plugin keeps (its worker, its master...)."""
+
+    # --- lifecycle
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
+    @property
+    def stopping(self) -> bool: ...
+    def request_stop(self) -> None: ...
+    def fail(self, reason: str) -> None: ...
+
 
 # ============================== transports =======================================================
 
@@ -72,7 +176,7 @@ class Election(Protocol):
 
     name: str
 
-    async def start(self, node: Any, on_change: Callable[[str | None], Awaitable[None]]) -> None: ...
+    async def start(self, node: NodeSurface, on_change: Callable[[str | None], Awaitable[None]]) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -84,7 +188,6 @@ class Election(Protocol):
 class PlacementRequest:
     model: ModelCard
     sharding: str = "Pipeline"
-    instance_meta: str = "MlxRing"
     min_nodes: int = 1
     excluded_nodes: tuple[str, ...] = ()
 
@@ -120,7 +223,7 @@ class Planner(Protocol):
         state: State,
         nodes: dict[str, NodeCapacity],
         instance_id: str,
-    ) -> Any:
+    ) -> Instance:
         """Return an Instance for `request`, or raise PlacementError. Pure: used for dry runs."""
 
 
@@ -140,22 +243,21 @@ class RunnerSpec:
 
     instance_id: str
     runner_id: str
-    shard: _Shard
+    shard: ShardMetadata
     card: ModelCard
     model_path: Path | None
     options: dict[str, Any] = field(default_factory=dict)
+    group: RankGroup | None = None  # how this rank reaches the others (None: a single rank)
 
 
 @runtime_checkable
 class EngineSession(Protocol):
     """A loaded shard inside a runner subprocess. Methods are synchronous and may block."""
 
-    def generate(
-        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
-    ) -> Iterator[_Chunk]:
+    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         """Yield chunks; the last has a finish_reason. Stop soon after `cancelled()` is true."""
 
-    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk: ...
+    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk: ...
 
     def count_tokens(self, params: TextGenerationParams) -> int: ...
 
@@ -169,6 +271,7 @@ class Engine(Protocol):
     name: str
     tasks: frozenset[str]
     dispatch_width: int  # how many tasks one runner admits at once
+    splits: frozenset[Sharding]  # multi-rank placements it can run; empty: whole models only
 
     def probe(self) -> EngineProbe: ...
 
@@ -203,11 +306,11 @@ class ApiAdapter(Protocol):
 
     def to_params(self, body: dict[str, Any]) -> TextGenerationParams: ...
 
-    def stream(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[bytes]: ...
+    def stream(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]: ...
 
 
 @runtime_checkable
 class InferenceMiddleware(Protocol):
     def transform(self, command: Command) -> Command: ...
 
-    def observe(self, command: Command, chunk: _Chunk) -> None: ...
+    def observe(self, command: Command, chunk: Chunk) -> None: ...

@@ -311,9 +311,7 @@ class EventLog:
             try:
                 raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
                 doc = msgpack.unpackb(raw, strict_map_key=False)
-                if not (
-                    isinstance(doc, dict) and doc.get("idx") == idx and isinstance(doc.get("state"), dict)
-                ):
+                if not (isinstance(doc, dict) and doc.get("idx") == idx and isinstance(doc.get("state"), dict)):
                     raise ValueError("unexpected snapshot structure")
                 return idx, doc["state"]
             except Exception as e:  # any corruption: fall back to an older snapshot

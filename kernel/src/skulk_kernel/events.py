@@ -7,7 +7,7 @@ data that must be replicated rides in `PluginDataSet`, which apply() stores with
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 from pydantic import Field
 
@@ -128,29 +128,31 @@ class PluginDataSet(Tagged):
     value: Any = None
 
 
-EVENT_TYPES: tuple[type[Tagged], ...] = (
-    InstanceCreated,
-    InstanceDeleted,
-    InstanceFailureRecorded,
-    RunnerStatusUpdated,
-    TaskCreated,
-    TaskAcknowledged,
-    TaskStatusUpdated,
-    TaskFailed,
-    TaskDeleted,
-    NodeJoined,
-    NodeTimedOut,
-    TopologyEdgeCreated,
-    TopologyEdgeDeleted,
-    DownloadPending,
-    DownloadCompleted,
-    DownloadFailed,
-    CustomModelCardAdded,
-    CustomModelCardDeleted,
-    TracingStateChanged,
-    PluginDataSet,
+Event: TypeAlias = (
+    InstanceCreated
+    | InstanceDeleted
+    | InstanceFailureRecorded
+    | RunnerStatusUpdated
+    | TaskCreated
+    | TaskAcknowledged
+    | TaskStatusUpdated
+    | TaskFailed
+    | TaskDeleted
+    | NodeJoined
+    | NodeTimedOut
+    | TopologyEdgeCreated
+    | TopologyEdgeDeleted
+    | DownloadPending
+    | DownloadCompleted
+    | DownloadFailed
+    | CustomModelCardAdded
+    | CustomModelCardDeleted
+    | TracingStateChanged
+    | PluginDataSet
 )
-Event = tagged_union(*EVENT_TYPES)
+EVENT_TYPES: tuple[type[Tagged], ...] = get_args(Event)
+if not TYPE_CHECKING:
+    Event = tagged_union(Event)
 
 
 class IndexedEvent(WireModel):

@@ -17,9 +17,9 @@ import pluggy
 
 if TYPE_CHECKING:  # the hook signatures only; nothing here is imported at run time
     from .commands import Command
+    from .contracts import NodeSurface
     from .events import IndexedEvent
     from .models import ModelCard
-    from .node import Node
     from .state import State
 
 hookspec = pluggy.HookspecMarker("skulk")
@@ -48,7 +48,7 @@ def register_config(register: Callable[[str, type[Any]], None]) -> None:
 
 
 @hookspec
-def configure(node: Node) -> None:
+def configure(node: NodeSurface) -> None:
     """Read validated configuration (``node.plugin_config(name)``) and prepare, without I/O.
 
     Called once on every node after plugin loading and before any ``register_*`` hook.
@@ -60,7 +60,7 @@ def configure(node: Node) -> None:
 
 
 @hookspec
-def register_transports(register: Callable[[Any], None], node: Node | None) -> None:
+def register_transports(register: Callable[[Any], None], node: NodeSurface | None) -> None:
     """Register Transport implementations (see contracts.Transport) by their `name`.
 
     Every ``register_*`` capability hook also receives the `node` being built (None inside a
@@ -72,7 +72,7 @@ def register_transports(register: Callable[[Any], None], node: Node | None) -> N
 
 
 @hookspec
-def register_elections(register: Callable[[Any], None], node: Node | None) -> None:
+def register_elections(register: Callable[[Any], None], node: NodeSurface | None) -> None:
     """Register Election implementations (contracts.Election) by their `name`.
 
     Called once on every node at start-up. All registrations are collected; a duplicate name is an
@@ -81,7 +81,7 @@ def register_elections(register: Callable[[Any], None], node: Node | None) -> No
 
 
 @hookspec
-def register_planners(register: Callable[[Any], None], node: Node | None) -> None:
+def register_planners(register: Callable[[Any], None], node: NodeSurface | None) -> None:
     """Register placement Planners (contracts.Planner) by their `name`.
 
     Called once on every node at start-up (any node may become master). All registrations are
@@ -90,7 +90,7 @@ def register_planners(register: Callable[[Any], None], node: Node | None) -> Non
 
 
 @hookspec
-def register_engines(register: Callable[[Any], None], node: Node | None) -> None:
+def register_engines(register: Callable[[Any], None], node: NodeSurface | None) -> None:
     """Register Engines (contracts.Engine) by name.
 
     Called once on every node at start-up, and again inside each runner subprocess to find the
@@ -99,7 +99,7 @@ def register_engines(register: Callable[[Any], None], node: Node | None) -> None
 
 
 @hookspec
-def register_model_stores(register: Callable[[Any], None], node: Node | None) -> None:
+def register_model_stores(register: Callable[[Any], None], node: NodeSurface | None) -> None:
     """Register ModelStores (contracts.ModelStore) by their `name`.
 
     Called once on every node at start-up. All registrations are collected; a duplicate name is an
@@ -108,7 +108,7 @@ def register_model_stores(register: Callable[[Any], None], node: Node | None) ->
 
 
 @hookspec
-def register_api_routes(app: Any, node: Node) -> None:
+def register_api_routes(app: Any, node: NodeSurface) -> None:
     """Add routes to the node's HTTP app (a FastAPI instance) on port 52415.
 
     Called once at start-up on nodes that serve the API. Every implementation runs; results are
@@ -162,7 +162,7 @@ def check_command(command: Command, state: State) -> str | None:
 
 
 @hookspec
-def on_event_applied(node: Node, event: IndexedEvent, before: State, after: State) -> None:
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
     """React to an event every node has just applied (never called from inside apply()).
 
     Called on every node, once per event, in index order. May return an awaitable, which the node
@@ -171,7 +171,7 @@ def on_event_applied(node: Node, event: IndexedEvent, before: State, after: Stat
 
 
 @hookspec
-def on_state_synced(node: Node, before: State, after: State) -> None:
+def on_state_synced(node: NodeSurface, before: State, after: State) -> None:
     """The node adopted a State snapshot from the master instead of applying events one by one.
 
     Called on a node that joined late, fell behind, or followed a failover. Plugins that track
@@ -181,7 +181,7 @@ def on_state_synced(node: Node, before: State, after: State) -> None:
 
 
 @hookspec
-def on_master_changed(node: Node, master_node_id: str | None, is_master: bool) -> None:
+def on_master_changed(node: NodeSurface, master_node_id: str | None, is_master: bool) -> None:
     """The elected master changed (None while an election is in progress).
 
     Called on every node. May return an awaitable. Results are ignored.
@@ -192,7 +192,7 @@ def on_master_changed(node: Node, master_node_id: str | None, is_master: bool) -
 
 
 @hookspec
-def startup(node: Node) -> Any:
+def startup(node: NodeSurface) -> Any:
     """Start the plugin's long-running work (tasks, subprocesses, sockets).
 
     Called once on every node after registration, in plugin load order. May return an awaitable;
@@ -201,7 +201,7 @@ def startup(node: Node) -> Any:
 
 
 @hookspec
-def shutdown(node: Node) -> Any:
+def shutdown(node: NodeSurface) -> Any:
     """Stop everything `startup` started and release it (runners, sessions, sockets).
 
     Called once on every node on SIGINT/SIGTERM, in reverse load order. May return an awaitable.
@@ -213,7 +213,7 @@ def shutdown(node: Node) -> Any:
 
 
 @hookspec
-def wrap_inference(node: Node) -> Any:
+def wrap_inference(node: NodeSurface) -> Any:
     """Return an InferenceMiddleware (contracts.InferenceMiddleware) or None.
 
     Called once at start-up on nodes that serve the API. All non-None results are collected; for

@@ -1,13 +1,18 @@
 """Instances, shards and runner statuses: the placement half of State.
 
-An instance is one running copy of a model, spread over one or more runners (one per rank). The
-instance's tag names how its ranks talk (`MlxRingInstance` is also used for single-node instances of
-any engine, as in the reference) and every shard carries the backend it was placed for.
+An instance is one running copy of a model, spread over one or more runners (one per rank). Its
+ranks form a ring: a single-node instance is a ring of one, a pipeline passes hidden states to the
+next rank, a tensor split all-reduces around it. Every shard carries the backend it was placed for
+and, for a multi-rank instance, the address its rank listens on for its group.
+
+The reference system's wire names (``MlxRingInstance``, ``instance_meta: "MlxRing"``) belong to
+its HTTP contract; the control API translates them at its edge (see skulk_api_control.state_view).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import Field
 
@@ -15,10 +20,12 @@ from .ids import InstanceId, ModelId, NodeId, RunnerId
 from .wire import Tagged, WireModel, tagged_union
 
 Sharding = Literal["Pipeline", "Tensor"]
-InstanceMeta = Literal["MlxRing", "MlxJaccl", "LlamaRpc"]
+GROUP_FORMATION_DEADLINE_S = 120.0
 
 
-class _Shard(Tagged):
+class ShardBase(Tagged):
+    """One rank's part of a model: layers [start_layer, end_layer) (all of them for Tensor)."""
+
     model_id: ModelId
     device_rank: int = Field(ge=0)
     world_size: int = Field(ge=1)
@@ -28,25 +35,17 @@ class _Shard(Tagged):
     backend: str
 
 
-class PipelineShardMetadata(_Shard):
+class PipelineShardMetadata(ShardBase):
     pass
 
 
-class TensorShardMetadata(_Shard):
+class TensorShardMetadata(ShardBase):
     pass
 
 
-class CfgShardMetadata(_Shard):
-    pass
-
-
-class RpcDonorShardMetadata(_Shard):
-    pass
-
-
-ShardMetadata = tagged_union(
-    PipelineShardMetadata, TensorShardMetadata, CfgShardMetadata, RpcDonorShardMetadata
-)
+ShardMetadata: TypeAlias = PipelineShardMetadata | TensorShardMetadata
+if not TYPE_CHECKING:
+    ShardMetadata = tagged_union(ShardMetadata)
 
 
 class ShardAssignments(WireModel):
@@ -55,32 +54,30 @@ class ShardAssignments(WireModel):
     node_to_runner: dict[NodeId, RunnerId]
 
 
-class _Instance(Tagged):
+class RankGroup(WireModel):
+    """How the ranks of a multi-rank instance reach each other, stamped once by the planner.
+
+    `hosts[r]` is the ``ip:port`` rank r listens on (chosen from the observed topology); the
+    ranks must all have joined within `formation_deadline_s` or the instance fails with the reason.
+    """
+
+    hosts: tuple[str, ...]
+    formation_deadline_s: float = Field(default=GROUP_FORMATION_DEADLINE_S, gt=0)
+    collective_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class RingInstance(Tagged):
     instance_id: InstanceId
     shard_assignments: ShardAssignments
     engine: str
     context_limit: int = Field(ge=1, description="tokens; prompt + max_tokens must fit")
     excluded_nodes: tuple[NodeId, ...] = ()
+    group: RankGroup | None = Field(default=None, description="None for a single-rank instance")
 
 
-class MlxRingInstance(_Instance):
-    pass
-
-
-class MlxJacclInstance(_Instance):
-    pass
-
-
-class LlamaRpcInstance(_Instance):
-    pass
-
-
-Instance = tagged_union(MlxRingInstance, MlxJacclInstance, LlamaRpcInstance)
-INSTANCE_TYPES: dict[InstanceMeta, type[_Instance]] = {
-    "MlxRing": MlxRingInstance,
-    "MlxJaccl": MlxJacclInstance,
-    "LlamaRpc": LlamaRpcInstance,
-}
+Instance: TypeAlias = RingInstance
+if not TYPE_CHECKING:
+    Instance = tagged_union(Instance)
 
 
 # --- runner statuses ---------------------------------------------------------------------------
@@ -131,25 +128,25 @@ class RunnerFailed(Tagged):
     error_message: str
 
 
-RunnerStatus = tagged_union(
-    RunnerIdle,
-    RunnerConnecting,
-    RunnerConnected,
-    RunnerLoading,
-    RunnerLoaded,
-    RunnerWarmingUp,
-    RunnerReady,
-    RunnerRunning,
-    RunnerShuttingDown,
-    RunnerShutdown,
-    RunnerFailed,
+RunnerStatus: TypeAlias = (
+    RunnerIdle
+    | RunnerConnecting
+    | RunnerConnected
+    | RunnerLoading
+    | RunnerLoaded
+    | RunnerWarmingUp
+    | RunnerReady
+    | RunnerRunning
+    | RunnerShuttingDown
+    | RunnerShutdown
+    | RunnerFailed
 )
+if not TYPE_CHECKING:
+    RunnerStatus = tagged_union(RunnerStatus)
 SERVING_STATUSES = (RunnerReady, RunnerRunning)
 
 
-def instance_ready(instance: _Instance, runners: dict[RunnerId, object]) -> bool:
+def instance_ready(instance: Instance, runners: Mapping[RunnerId, object]) -> bool:
     """An instance serves when every one of its runners is Ready or Running."""
     shards = instance.shard_assignments.runner_to_shard
-    return bool(shards) and all(
-        isinstance(runners.get(rid), SERVING_STATUSES) for rid in shards
-    )
+    return bool(shards) and all(isinstance(runners.get(rid), SERVING_STATUSES) for rid in shards)

@@ -30,14 +30,14 @@ from .apply import apply
 from .commands import Command, ForwardedCommand
 from .contracts import PeerEvent
 from .events import Connection, Event, IndexedEvent, LocalEvent, TopologyEdgeCreated, TopologyEdgeDeleted
-from .hooks import GuardedHooks
+from .hooks import GuardedHooks, NodeError, Registry, collect
 from .ids import NodeId, new_id
 from .plugins import build_plugin_manager, kernel_version
 from .profiles import Profile
 from .readings import ReadingStore, probe_readings
 from .state import State, StateSnapshot
 from .streams import StreamRouter
-from .tasks import Chunk, _Chunk
+from .tasks import Chunk
 from .topics import Topic
 from .transport_local import LocalTransport
 
@@ -45,10 +45,6 @@ log = logging.getLogger("skulk.node")
 HEARTBEAT_INTERVAL_S = 2.0
 SYNC_TIMEOUT_S = 10.0
 _CHUNK = TypeAdapter(Chunk)
-
-
-class NodeError(Exception):
-    """A configuration or composition problem that stops the node before it starts."""
 
 
 @dataclass
@@ -65,45 +61,10 @@ class NodeOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Registry(dict[str, Any]):
-    """Named capabilities registered by plugins; a duplicate name names both plugins."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__()
-        self.kind = kind
-        self.owner: dict[str, str] = {}
-
-    def add(self, obj: Any, plugin: str) -> None:
-        name = getattr(obj, "name", None)
-        if not name:
-            raise NodeError(f"plugin {plugin!r} registered a {self.kind} without a name")
-        if name in self:
-            raise NodeError(
-                f"{self.kind} {name!r} is registered by both {self.owner[name]!r} and {plugin!r}"
-            )
-        self[name] = obj
-        self.owner[name] = plugin
-
-
-def collect(pm: pluggy.PluginManager, hook_name: str, kind: str, node: Node | None = None) -> Registry:
-    """Run a register_* hook plugin by plugin so duplicates can name their owners."""
-    registry = Registry(kind)
-    caller = getattr(pm.hook, hook_name)
-    for impl in reversed(caller.get_hookimpls()):
-        kwargs = {"register": lambda obj, _p=impl.plugin_name: registry.add(obj, _p), "node": node}
-        try:
-            impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-        except NodeError:
-            raise  # a composition error (duplicate name) must stop the node with its message
-        except Exception:
-            log.exception("plugin %r raised in %s; its %ss are skipped (the node keeps running)",
-                          impl.plugin_name, hook_name, kind)
-    return registry
-
-
 class Node:
-    def __init__(self, profile: Profile, options: NodeOptions | None = None,
-                 pm: pluggy.PluginManager | None = None) -> None:
+    def __init__(
+        self, profile: Profile, options: NodeOptions | None = None, pm: pluggy.PluginManager | None = None
+    ) -> None:
         self.profile = profile
         self.options = options or NodeOptions()
         self.pm = pm or build_plugin_manager(profile)
@@ -143,7 +104,7 @@ class Node:
         def register(plugin: str, model: type[BaseModel]) -> None:
             self._config_models[plugin] = model
 
-        self.pm.hook.register_config(register=register)
+        self.hooks.call("register_config", register=register)
         for plugin, model in self._config_models.items():
             try:
                 self._plugin_config[plugin] = model(**self.profile.config_for(plugin))
@@ -152,12 +113,12 @@ class Node:
         unknown = set(self.profile.plugin_config) - set(self._config_models)
         for plugin in sorted(unknown):
             log.warning("profile has [plugins.%s] but no loaded plugin declares that config", plugin)
-        self.pm.hook.configure(node=self)
-        self.engines = collect(self.pm, "register_engines", "engine", self)
-        self.planners = collect(self.pm, "register_planners", "planner", self)
-        self.model_stores = collect(self.pm, "register_model_stores", "model store", self)
-        self.elections = collect(self.pm, "register_elections", "election", self)
-        registered = collect(self.pm, "register_transports", "transport", self)
+        self.hooks.call("configure", node=self)
+        self.engines = collect(self.hooks, "register_engines", "engine", self)
+        self.planners = collect(self.hooks, "register_planners", "planner", self)
+        self.model_stores = collect(self.hooks, "register_model_stores", "model store", self)
+        self.elections = collect(self.hooks, "register_elections", "election", self)
+        registered = collect(self.hooks, "register_transports", "transport", self)
         registered.setdefault("local", LocalTransport())
         for plane in ("control", "telemetry", "data"):
             name = self.profile.planes.transport_for(plane)
@@ -167,6 +128,9 @@ class Node:
                     f"which no loaded plugin registers (have: {sorted(registered)})"
                 )
             self.transports[plane] = registered[name]
+
+    def engine_owner(self, engine_name: str) -> str:
+        return self.engines.owner[engine_name]
 
     def plugin_config(self, plugin: str) -> Any:
         """The validated config model of `plugin` (declared through register_config)."""
@@ -191,12 +155,12 @@ class Node:
         self.master_id = master_id
         if previous is not None:
             # A new master starts a new session that cannot carry the old one's requests.
-            self.streams.fail_all(f"the cluster master changed (was {previous}); please retry",
-                                  code="master_changed")
+            self.streams.fail_all(f"the cluster master changed (was {previous}); please retry", code="master_changed")
         if master_id is not None and master_id != self.node_id:
             self.request_sync()
-        await self.hooks.acall("on_master_changed", node=self, master_node_id=master_id,
-                               is_master=master_id == self.node_id)
+        await self.hooks.acall(
+            "on_master_changed", node=self, master_node_id=master_id, is_master=master_id == self.node_id
+        )
 
     @property
     def event_log(self) -> Any:
@@ -255,7 +219,7 @@ class Node:
         """Report a local fact (runner status, task ack) for the master to index."""
         await self.publish(Topic.LOCAL_EVENTS, codec.encode(LocalEvent(origin=self.node_id, event=event)))
 
-    async def send_chunk(self, owner: str, chunk: _Chunk) -> None:
+    async def send_chunk(self, owner: str, chunk: Chunk) -> None:
         """Deliver a chunk to the owning API node; same-node delivery skips encoding."""
         if owner == self.node_id:
             self.streams.deliver(chunk)
@@ -274,7 +238,7 @@ class Node:
         self._pending_events[indexed.idx] = indexed
         if indexed.idx > self.state.last_event_applied_idx + 1 and not self.is_master:
             self.request_sync()
-        while (nxt := self._pending_events.pop(self.state.last_event_applied_idx + 1, None)):
+        while nxt := self._pending_events.pop(self.state.last_event_applied_idx + 1, None):
             before = self.state
             self.state = apply(before, nxt)
             await self.hooks.acall("on_event_applied", node=self, event=nxt, before=before, after=self.state)
@@ -380,8 +344,9 @@ class Node:
                     continue
                 inst = self.state.instances.get(task.instance_id)
                 if inst is not None and peer.node_id in inst.shard_assignments.node_to_runner:
-                    self.streams.fail(task.command_id, f"node {peer.node_id} running this request left the "
-                                      "cluster", code="node_gone")
+                    self.streams.fail(
+                        task.command_id, f"node {peer.node_id} running this request left the cluster", code="node_gone"
+                    )
         await self._report_edges()
 
     def reachable_nodes(self) -> set[str]:
@@ -436,7 +401,8 @@ class Node:
         self.subscribe(Topic.CHUNKS, self._on_chunk)
         loop = self._loop
         self.transports["control"].on_peer(
-            lambda peer: loop.call_soon_threadsafe(lambda: self.spawn(self._on_peer(peer), "peer-event")))
+            lambda peer: loop.call_soon_threadsafe(lambda: self.spawn(self._on_peer(peer), "peer-event"))
+        )
         self.middleware = self.hooks.call("wrap_inference", node=self)
         await self.hooks.acall("startup", node=self, reverse=True)  # in load order
         if self.elections:
@@ -445,8 +411,13 @@ class Node:
         else:
             await self.set_master(self.node_id)  # a lone node with no election leads itself
         self.spawn(self._telemetry_loop(), "telemetry")
-        log.info("node %s (%s) started with profile %s, kernel %s",
-                 self.node_id, self.options.node_name, self.profile.name, kernel_version())
+        log.info(
+            "node %s (%s) started with profile %s, kernel %s",
+            self.node_id,
+            self.options.node_name,
+            self.profile.name,
+            kernel_version(),
+        )
 
     async def stop(self) -> None:
         if self._stop is not None:

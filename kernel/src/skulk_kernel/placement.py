@@ -1,27 +1,47 @@
-"""The glue between State, live telemetry and the registered Planner.
+"""The glue between State, live telemetry and the registered model stores and Planner.
 
 The master places with it and the API dry-runs with it, so a caller of POST /place_instance gets
-exactly the refusal the master would have produced.
+exactly the refusal the master would have produced; every node resolves a model reference through
+the same catalog.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from .commands import PlaceInstance
-from .contracts import NodeCapacity, PlacementError, PlacementRequest
-from .inference import resolve_card
+from .contracts import NodeCapacity
+from .instances import Instance
+from .models import ModelCard
 from .state import State
 from .telemetry import NodeMemory, NodeResources
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .contracts import NodeSurface
+
+
+def catalog(node: NodeSurface) -> dict[str, ModelCard]:
+    """Every card this node knows: model stores first, custom cards (in State) override."""
+    cards: dict[str, ModelCard] = {}
+    for store in node.model_stores.values():
+        with contextlib.suppress(Exception):
+            cards.update(store.catalog())
+    cards |= dict(node.state.custom_model_cards.items())
+    return cards
+
+
+def resolve_card(node: NodeSurface, ref: str) -> ModelCard | None:
+    cards = catalog(node)
+    found = node.hooks.call("resolve_model", firstresult=True, ref=ref, catalog=cards)
+    return found[0] if found else None
 
 
 STALE_AFTER_S = 2.5 * 2.0  # readings go stale after two heartbeat intervals (plus jitter)
 
 
-def capacities(node: Node) -> dict[str, NodeCapacity]:
+def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
     """Fresh telemetry of every node that has reported both memory and backends.
 
     A node whose readings went stale, or whose transport session is gone (dead, frozen or cut off),
@@ -37,24 +57,23 @@ def capacities(node: Node) -> dict[str, NodeCapacity]:
             continue
         mem = received.reading
         caps[node_id] = NodeCapacity(
-            node_id=node_id, ram_available=mem.ram_available.in_bytes, ram_total=mem.ram_total.in_bytes,
+            node_id=node_id,
+            ram_available=mem.ram_available.in_bytes,
+            ram_total=mem.ram_total.in_bytes,
             backends=tuple(res.reading.backends),
         )
     return caps
 
 
-def plan_placement(node: Node, command: PlaceInstance, state: State | None = None) -> Any:
-    """An Instance for `command`, or a PlacementError that says why not."""
-    state = state or node.state
-    planner = next(iter(node.planners.values()), None)
-    if planner is None:
-        raise PlacementError("no_planner", "no placement planner is loaded (the master plugin provides one)")
-    card = resolve_card(node, command.model_id)
-    if card is None:
-        raise PlacementError("unknown_model", f"model {command.model_id!r} is not in the catalog; add it "
-                             "with POST /models/add or check GET /models")
-    members = set(state.topology.nodes)
-    live = {k: v for k, v in capacities(node).items() if not members or k in members}
-    request = PlacementRequest(model=card, sharding=command.sharding, instance_meta=command.instance_meta,
-                               min_nodes=command.min_nodes, excluded_nodes=command.excluded_nodes)
-    return planner.place(request, state, live, command.command_id)
+def plan_placement(node: NodeSurface, command: PlaceInstance, state: State | None = None) -> Instance:
+    """An Instance for `command`, or a PlacementError that says why not (the master's own rule)."""
+    from .decide import DecisionView, place
+
+    view = DecisionView(
+        master_id=node.node_id,
+        now=datetime.now(UTC),
+        capacities=capacities(node),
+        resolve=lambda ref: resolve_card(node, ref),
+        planner=next(iter(node.planners.values()), None),
+    )
+    return place(state or node.state, command, view)

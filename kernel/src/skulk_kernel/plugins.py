@@ -115,7 +115,22 @@ def new_plugin_manager() -> pluggy.PluginManager:
 
 
 def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: str) -> None:
+    """Register one plugin; a wrapper hookimpl is refused, naming the plugin and the hook.
+
+    The node calls every implementation on its own (so one raising plugin cannot silence the
+    rest), which leaves no place for a wrapper around the others: refusing it here is the one
+    honest answer instead of calling it as if it were a plain implementation.
+    """
     pm.register(plugin, name=name)
+    for caller in pm.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                pm.unregister(plugin)
+                raise PluginLoadError(
+                    f"plugin {name!r} implements hook {caller.name} as a wrapper (wrapper=True or "
+                    "hookwrapper=True); Skulk calls each implementation on its own, so write a plain "
+                    "hookimpl (use wrap_inference for request middleware)"
+                )
     pm.hook.add_hookspecs.call_historic(kwargs={"pm": pm})
 
 

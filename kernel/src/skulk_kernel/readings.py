@@ -27,7 +27,7 @@ from .telemetry import (
 )
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .contracts import NodeSurface
 
 _READING = TypeAdapter(Reading)
 
@@ -87,7 +87,7 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def probe_readings(node: Node, backends: tuple[str, ...]) -> list[Any]:
+def probe_readings(node: NodeSurface, backends: tuple[str, ...]) -> list[Any]:
     """Everything this node says about itself each heartbeat interval."""
     import psutil
 
@@ -99,16 +99,30 @@ def probe_readings(node: Node, backends: tuple[str, ...]) -> list[Any]:
     disk = shutil.disk_usage(models_dir)
     nid = node.node_id
     return [
-        NodeIdentity(node_id=nid, friendly_name=node.options.node_name, skulk_version=kernel_version(),
-                     skulk_commit=os.environ.get("SKULK_COMMIT", ""),
-                     network_version=str(node.facts.get("network_version", ""))),
+        NodeIdentity(
+            node_id=nid,
+            friendly_name=node.options.node_name,
+            skulk_version=kernel_version(),
+            skulk_commit=os.environ.get("SKULK_COMMIT", ""),
+            network_version=str(node.facts.get("network_version", "")),
+        ),
         NodeMemory(node_id=nid, ram_total=Memory(in_bytes=vm.total), ram_available=Memory(in_bytes=vm.available)),
-        NodeSystem(node_id=nid, os=platform.system(), arch=platform.machine(), cpu_model=_cpu_model(),
-                   cpu_count=os.cpu_count() or 1, python=platform.python_version()),
-        NodeResources(node_id=nid, backends=backends, engine_builds=dict(node.facts.get("engine_builds", {})),
-                      data_transport=node.transports["data"].name,
-                      api_available=bool(node.facts.get("api_available")),
-                      api_port=node.facts.get("api_port")),
+        NodeSystem(
+            node_id=nid,
+            os=platform.system(),
+            arch=platform.machine(),
+            cpu_model=_cpu_model(),
+            cpu_count=os.cpu_count() or 1,
+            python=platform.python_version(),
+        ),
+        NodeResources(
+            node_id=nid,
+            backends=backends,
+            engine_builds=dict(node.facts.get("engine_builds", {})),
+            data_transport=node.transports["data"].name,
+            api_available=bool(node.facts.get("api_available")),
+            api_port=node.facts.get("api_port"),
+        ),
         NodeDisk(node_id=nid, models_dir=models_dir, total_bytes=disk.total, free_bytes=disk.free),
         NodeHeartbeat(node_id=nid),
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgpack
 from pydantic import Field
@@ -43,7 +43,9 @@ class DownloadFailedStatus(Tagged):
     error_message: str
 
 
-DownloadStatus = tagged_union(DownloadPendingStatus, DownloadCompletedStatus, DownloadFailedStatus)
+DownloadStatus: TypeAlias = DownloadPendingStatus | DownloadCompletedStatus | DownloadFailedStatus
+if not TYPE_CHECKING:
+    DownloadStatus = tagged_union(DownloadStatus)
 
 
 class State(WireModel):

@@ -11,19 +11,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .tasks import ErrorChunk, _Chunk, is_terminal
+from .tasks import Chunk, ErrorChunk, is_terminal
 
 
 class ChunkStream:
     def __init__(self, command_id: str, idle_timeout: float) -> None:
         self.command_id = command_id
         self.idle_timeout = idle_timeout
-        self._queue: asyncio.Queue[_Chunk] = asyncio.Queue()
-        self._pending: dict[int, _Chunk] = {}
+        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._pending: dict[int, Chunk] = {}
         self._next_seq = 0
         self.closed = False
 
-    def put(self, chunk: _Chunk) -> None:
+    def put(self, chunk: Chunk) -> None:
         """Accept a chunk in any order; release them to the reader in sequence order."""
         if self.closed:
             return
@@ -40,22 +40,26 @@ class ChunkStream:
         if not self.closed:
             self._queue.put_nowait(
                 ErrorChunk(
-                    command_id=self.command_id, seq=0, message=message,
-                    error_type=error_type, code=code,
+                    command_id=self.command_id,
+                    seq=0,
+                    message=message,
+                    error_type=error_type,
+                    code=code,
                 )
             )
 
-    async def __aiter__(self) -> AsyncIterator[_Chunk]:
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
         while not self.closed:
             try:
                 chunk = await asyncio.wait_for(self._queue.get(), self.idle_timeout)
             except TimeoutError:
                 self.closed = True
                 yield ErrorChunk(
-                    command_id=self.command_id, seq=self._next_seq,
-                    message=f"no output from the runner for {self.idle_timeout:.0f}s; "
-                    "the request was abandoned",
-                    error_type="timeout", code="idle_timeout",
+                    command_id=self.command_id,
+                    seq=self._next_seq,
+                    message=f"no output from the runner for {self.idle_timeout:.0f}s; the request was abandoned",
+                    error_type="timeout",
+                    code="idle_timeout",
                 )
                 return
             if is_terminal(chunk):
@@ -80,7 +84,7 @@ class StreamRouter:
         if stream:
             stream.closed = True
 
-    def deliver(self, chunk: _Chunk) -> None:
+    def deliver(self, chunk: Chunk) -> None:
         stream = self._streams.get(chunk.command_id)
         if stream is not None:
             stream.put(chunk)

@@ -7,7 +7,7 @@ through State or the event log, so they are kept small and cheap to build.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import Field
 
@@ -73,7 +73,9 @@ class EmbeddingParams(WireModel):
     inputs: tuple[str, ...] = Field(min_length=1)
 
 
-class _Task(Tagged):
+class TaskBase(Tagged):
+    """Fields every task kind shares; the union of kinds is `Task`."""
+
     task_id: TaskId
     command_id: CommandId
     instance_id: InstanceId
@@ -81,15 +83,17 @@ class _Task(Tagged):
     status: TaskStatus = "Pending"
 
 
-class TextGenerationTask(_Task):
+class TextGenerationTask(TaskBase):
     params: TextGenerationParams
 
 
-class TextEmbeddingTask(_Task):
+class TextEmbeddingTask(TaskBase):
     params: EmbeddingParams
 
 
-Task = tagged_union(TextGenerationTask, TextEmbeddingTask)
+Task: TypeAlias = TextGenerationTask | TextEmbeddingTask
+if not TYPE_CHECKING:
+    Task = tagged_union(Task)
 
 
 # --- chunks --------------------------------------------------------------------------------------
@@ -126,7 +130,9 @@ class GenerationStats(WireModel):
     backend: str = ""
 
 
-class _Chunk(Tagged):
+class ChunkBase(Tagged):
+    """Fields every chunk kind shares; the union of kinds is `Chunk`."""
+
     command_id: CommandId
     seq: int = Field(ge=0, description="per-command order; gaps mean loss")
     finish_reason: FinishReason | None = None
@@ -134,34 +140,36 @@ class _Chunk(Tagged):
     stats: GenerationStats | None = None
 
 
-class TokenChunk(_Chunk):
+class TokenChunk(ChunkBase):
     text: str
     reasoning: bool = False
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-class ToolCallChunk(_Chunk):
+class ToolCallChunk(ChunkBase):
     calls: tuple[ToolCall, ...]
 
 
-class EmbeddingChunk(_Chunk):
+class EmbeddingChunk(ChunkBase):
     embeddings: tuple[tuple[float, ...], ...]
 
 
-class PrefillProgressChunk(_Chunk):
+class PrefillProgressChunk(ChunkBase):
     processed: int
     total: int
 
 
-class ErrorChunk(_Chunk):
+class ErrorChunk(ChunkBase):
     message: str
     error_type: str = "server_error"
     code: str | None = None
 
 
-Chunk = tagged_union(TokenChunk, ToolCallChunk, EmbeddingChunk, PrefillProgressChunk, ErrorChunk)
+Chunk: TypeAlias = TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | ErrorChunk
+if not TYPE_CHECKING:
+    Chunk = tagged_union(Chunk)
 
 
-def is_terminal(chunk: _Chunk) -> bool:
+def is_terminal(chunk: ChunkBase) -> bool:
     """A stream ends on its first chunk with a finish reason or an error."""
     return chunk.finish_reason is not None or isinstance(chunk, ErrorChunk)

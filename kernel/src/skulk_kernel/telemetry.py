@@ -7,6 +7,8 @@ replay tail with noise. They travel on the telemetry plane, the receiver stamps 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias
+
 from pydantic import Field
 
 from .ids import NodeId
@@ -68,6 +70,8 @@ class DownloadProgress(Tagged):
     phase: str = ""
 
 
-Reading = tagged_union(
-    NodeIdentity, NodeMemory, NodeSystem, NodeResources, NodeDisk, NodeHeartbeat, DownloadProgress
+Reading: TypeAlias = (
+    NodeIdentity | NodeMemory | NodeSystem | NodeResources | NodeDisk | NodeHeartbeat | DownloadProgress
 )
+if not TYPE_CHECKING:
+    Reading = tagged_union(Reading)

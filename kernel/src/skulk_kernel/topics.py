@@ -6,16 +6,16 @@ data: node-addressed streams (chunks to the owning API node), never through the 
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Plane(str, Enum):
+class Plane(StrEnum):
     CONTROL = "control"
     TELEMETRY = "telemetry"
     DATA = "data"
 
 
-class Topic(str, Enum):
+class Topic(StrEnum):
     COMMANDS = "commands"
     LOCAL_EVENTS = "local_events"
     GLOBAL_EVENTS = "global_events"

@@ -12,7 +12,7 @@ replicated type that silently drops a field is how two nodes end up with differe
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -64,8 +64,14 @@ def _tag_of(value: Any) -> str | None:
     return type(value).__name__
 
 
-def tagged_union(*types: type[Tagged]) -> Any:
-    """An annotated Union of Tagged types that validates by the single key of the wire object."""
+def tagged_union(*types: Any) -> Any:
+    """An annotated Union of Tagged types that validates by the single key of the wire object.
+
+    Takes the member classes, or one ``A | B`` union (so a module can write the union once, as the
+    type alias a checker sees, and rebind it to the validating form at run time).
+    """
+    if len(types) == 1 and get_args(types[0]):
+        types = get_args(types[0])
     members = tuple(Annotated[t, Tag(t.__name__)] for t in types)
     # Union over a runtime tuple: `X | Y` cannot spell it, so ruff's UP007 rewrite breaks it.
     return Annotated[Union[members], Discriminator(_tag_of)]  # type: ignore[valid-type]  # noqa: UP007

@@ -16,7 +16,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 from skulk_api_anthropic import messages
 from skulk_api_anthropic.requests import RequestError, estimate_tokens, parse_messages_request
-from skulk_kernel.tasks import ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 CMD = "cmd-1"
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -176,7 +176,7 @@ def test_estimate_is_positive_and_grows() -> None:
 # --- encoding ------------------------------------------------------------------------------------
 
 
-async def _aiter(chunks: list[_Chunk]) -> AsyncIterator[_Chunk]:
+async def _aiter(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
     for chunk in chunks:
         yield chunk
 
@@ -185,7 +185,7 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-MIXED: list[_Chunk] = [
+MIXED: list[Chunk] = [
     TokenChunk(command_id=CMD, seq=0, text="hmm", reasoning=True),
     TokenChunk(command_id=CMD, seq=1, text=" ok", reasoning=True),
     TokenChunk(command_id=CMD, seq=2, text="Hello"),
@@ -219,7 +219,7 @@ def _parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def _stream_text(chunks: list[_Chunk]) -> str:
+def _stream_text(chunks: list[Chunk]) -> str:
     enc = messages.MessageStreamEncoder(message_id="msg_1", model="skulk/echo", input_estimate=3)
 
     async def run() -> str:
@@ -295,7 +295,7 @@ def test_stop_reasons(reason: str, tools: bool, expected: str) -> None:
 
 
 def test_empty_answer_and_usage_fallbacks() -> None:
-    chunks: list[_Chunk] = [TokenChunk(command_id=CMD, seq=0, text="", finish_reason="stop")]
+    chunks: list[Chunk] = [TokenChunk(command_id=CMD, seq=0, text="", finish_reason="stop")]
     events = _parse_sse(_stream_text(chunks))
     assert [n for n, _ in events] == ["message_start", "message_delta", "message_stop"]
     got = _run(messages.collect(_aiter(chunks)))
@@ -304,7 +304,7 @@ def test_empty_answer_and_usage_fallbacks() -> None:
 
 
 def test_errors_mid_stream_are_error_events() -> None:
-    chunks: list[_Chunk] = [
+    chunks: list[Chunk] = [
         TokenChunk(command_id=CMD, seq=0, text="a"),
         ErrorChunk(command_id=CMD, seq=1, message="runner died"),
     ]
@@ -317,7 +317,7 @@ def test_errors_mid_stream_are_error_events() -> None:
         "error",
     ]
     assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "runner died"}}
-    failed: list[_Chunk] = [TokenChunk(command_id=CMD, seq=0, text="", finish_reason="error")]
+    failed: list[Chunk] = [TokenChunk(command_id=CMD, seq=0, text="", finish_reason="error")]
     assert _parse_sse(_stream_text(failed))[-1][0] == "error"
     assert _run(messages.collect(_aiter(failed))).error is not None
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from pydantic import Field
 from skulk_api_control.adapter_routes import stream_body
+from skulk_api_control.dispatch import InferenceError
 from skulk_api_control.requests_common import RequestError, StrictBody, invalid_field, parse_json_object, validate
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import GENERATION_FAILED, Collected, collect, error_status
-from skulk_kernel.inference import InferenceError
-from skulk_kernel.tasks import ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 CMD = "cmd-1"
 
@@ -42,7 +42,7 @@ class _Body(StrictBody):
     n: int | None = None
 
 
-async def _aiter(chunks: list[_Chunk]) -> AsyncIterator[_Chunk]:
+async def _aiter(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
     for chunk in chunks:
         yield chunk
 
@@ -85,7 +85,7 @@ def test_collect_counts_keeps_the_terminal_facts_and_turns_an_error_finish_into_
             self.calls.extend(calls)
 
     call = ToolCall(id="c", name="f", arguments="{}")
-    chunks: list[_Chunk] = [
+    chunks: list[Chunk] = [
         TokenChunk(command_id=CMD, seq=0, text="a"),
         TokenChunk(command_id=CMD, seq=1, text=""),
         ToolCallChunk(command_id=CMD, seq=2, calls=(call,)),
@@ -107,6 +107,7 @@ def _body(call: Any, **kwargs: Any) -> str:
             yield "events"
 
         text = ""
+
         def failed(exc: InferenceError) -> str:
             return f"failed {exc.status} {exc.message}"
 

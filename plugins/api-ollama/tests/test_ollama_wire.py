@@ -21,7 +21,7 @@ from skulk_api_ollama.requests import (
     parse_generate,
     parse_json_object,
 )
-from skulk_kernel.tasks import ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+from skulk_kernel.api import Chunk, ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 CMD = "cmd-1"
 
@@ -183,7 +183,7 @@ def test_bad_json(body: bytes) -> None:
 # --- encoding ------------------------------------------------------------------------------------
 
 
-async def _aiter(chunks: list[_Chunk]) -> AsyncIterator[_Chunk]:
+async def _aiter(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
     for chunk in chunks:
         yield chunk
 
@@ -196,7 +196,7 @@ FINAL = TokenChunk(
     usage=Usage(prompt_tokens=7, completion_tokens=4),
     stats=GenerationStats(generation_tokens=4, generation_tps=100.0, ttft_ms=3.0),
 )
-MIXED: list[_Chunk] = [
+MIXED: list[Chunk] = [
     TokenChunk(command_id=CMD, seq=0, text="hmm", reasoning=True),
     TokenChunk(command_id=CMD, seq=1, text="Hello"),
     TokenChunk(command_id=CMD, seq=2, text=" there"),
@@ -205,7 +205,7 @@ MIXED: list[_Chunk] = [
 ]
 
 
-def _lines(kind: str, chunks: list[_Chunk]) -> list[str]:
+def _lines(kind: str, chunks: list[Chunk]) -> list[str]:
     enc = wire.StreamEncoder(model="echo:latest", kind=kind, timing=wire.Timing())
 
     async def run() -> list[str]:
@@ -234,7 +234,7 @@ def test_chat_ndjson_records() -> None:
 
 
 def test_generate_ndjson_records() -> None:
-    chunks: list[_Chunk] = [
+    chunks: list[Chunk] = [
         TokenChunk(command_id=CMD, seq=0, text="a"),
         TokenChunk(command_id=CMD, seq=1, text=" b"),
         TokenChunk(

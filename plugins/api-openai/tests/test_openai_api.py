@@ -48,20 +48,14 @@ def sse_lines(node: NodeProcess, body: dict[str, Any], path: str = "/v1/chat/com
 
 
 def data_events(lines: list[str]) -> list[dict[str, Any]]:
-    return [
-        json.loads(line[len("data: ") :])
-        for line in lines
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
+    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
 
 
 # --- chat: non-streaming -------------------------------------------------------------------------
 
 
 def test_non_stream_content_and_usage(client: OpenAI) -> None:
-    out = client.chat.completions.create(
-        model=ECHO, messages=[{"role": "user", "content": "hello big world"}]
-    )
+    out = client.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": "hello big world"}])
     assert out.object == "chat.completion"
     assert out.id.startswith("chatcmpl-")
     assert out.model == ECHO
@@ -280,9 +274,7 @@ def test_stream_max_tokens_and_logprobs(client: OpenAI) -> None:
     ]
     assert "".join(tokens) == content
     with_text = [c for c in chunks if c.choices[0].delta.content]
-    assert all(
-        c.choices[0].logprobs and len(c.choices[0].logprobs.content[0].top_logprobs) == 2 for c in with_text
-    )
+    assert all(c.choices[0].logprobs and len(c.choices[0].logprobs.content[0].top_logprobs) == 2 for c in with_text)
 
 
 def test_stream_tool_call(client: OpenAI) -> None:
@@ -294,9 +286,7 @@ def test_stream_tool_call(client: OpenAI) -> None:
             messages=[{"role": "user", "content": WEATHER}],
         )
     )
-    tool_deltas = [
-        c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls
-    ]
+    tool_deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert len(tool_deltas) == 1 and len(tool_deltas[0]) == 1  # sent whole, in one delta
     delta = tool_deltas[0][0]
     assert delta.index == 0 and delta.id and delta.type == "function"
@@ -382,9 +372,7 @@ def test_models_list(client: OpenAI, node: NodeProcess) -> None:
     raw = node.get("/v1/models").json()
     assert raw["object"] == "list"
     for entry in raw["data"]:
-        assert (
-            entry["object"] == "model" and entry["owned_by"] == "skulk" and isinstance(entry["created"], int)
-        )
+        assert entry["object"] == "model" and entry["owned_by"] == "skulk" and isinstance(entry["created"], int)
     assert client.models.retrieve(ECHO).id == ECHO
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no/such-model")
@@ -426,9 +414,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str | None]] = [
         json.dumps(
             {
                 "model": ECHO,
-                "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}
-                ],
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
             }
         ).encode(),
         400,
@@ -446,17 +432,13 @@ def test_bad_requests_are_openai_4xx(
 ) -> None:
     if stream and body.startswith(b"{") and why not in ("invalid json",):
         body = json.dumps({**json.loads(body), "stream": True}).encode()
-    r = node.post(
-        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=10
-    )
+    r = node.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=10)
     assert_openai_error(r, status, param, "context_length_exceeded" if why == "context overflow" else None)
 
 
 def test_oversize_body_is_413(node: NodeProcess) -> None:
     big = b'{"model": "skulk/echo", "messages": [{"role": "user", "content": "' + b"a" * (33 << 20) + b'"}]}'
-    r = node.post(
-        "/v1/chat/completions", content=big, headers={"content-type": "application/json"}, timeout=30
-    )
+    r = node.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 413
     assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["code"] == "request_too_large"
@@ -467,9 +449,7 @@ def test_oversize_body_is_413(node: NodeProcess) -> None:
             yield b"a" * (1 << 20)
         yield b'"}]}'
 
-    r = node.post(
-        "/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"}, timeout=30
-    )
+    r = node.post("/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 413 and r.headers["x-should-retry"] == "false"
 
 
@@ -508,9 +488,7 @@ def _wait_no_tasks(node: NodeProcess) -> None:
 
 def test_stream_disconnect_cancels(node: NodeProcess) -> None:
     for _ in range(4):  # as many as the runner admits: any one left running would block the next request
-        with httpx.stream(
-            "POST", node.url + "/v1/chat/completions", json=chat(SLOW, stream=True), timeout=10
-        ) as r:
+        with httpx.stream("POST", node.url + "/v1/chat/completions", json=chat(SLOW, stream=True), timeout=10) as r:
             assert r.status_code == 200
             seen = 0
             for line in r.iter_lines():
@@ -534,9 +512,7 @@ def test_non_stream_disconnect_cancels(node: NodeProcess) -> None:
 def test_cancel_by_command_id_ends_the_stream_cleanly(node: NodeProcess) -> None:
     """`: command_id` is what POST /v1/cancel/{id} takes; the stream then finishes normally."""
     started = time.monotonic()
-    with httpx.stream(
-        "POST", node.url + "/v1/chat/completions", json=chat(SLOW, stream=True), timeout=10
-    ) as r:
+    with httpx.stream("POST", node.url + "/v1/chat/completions", json=chat(SLOW, stream=True), timeout=10) as r:
         lines = r.iter_lines()
         first = next(lines)
         assert first.startswith(": command_id ")
@@ -555,9 +531,7 @@ def test_concurrent_streams_stay_separate(client: OpenAI) -> None:
 
     def run(i: int) -> None:
         words = " ".join(f"s{i}w{k}" for k in range(20))
-        chunks = client.chat.completions.create(
-            model=ECHO, stream=True, messages=[{"role": "user", "content": words}]
-        )
+        chunks = client.chat.completions.create(model=ECHO, stream=True, messages=[{"role": "user", "content": words}])
         results[i] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
@@ -589,9 +563,7 @@ def test_keepalive_while_waiting_for_the_first_token(keepalive_node: NodeProcess
     assert content == "/slow a b c"
     client = OpenAI(base_url=keepalive_node.url + "/v1", api_key="x", max_retries=0, timeout=20)
     chunks = list(
-        client.chat.completions.create(
-            model=ECHO, stream=True, messages=[{"role": "user", "content": "/slow x y"}]
-        )
+        client.chat.completions.create(model=ECHO, stream=True, messages=[{"role": "user", "content": "/slow x y"}])
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "/slow x y"
 

@@ -17,7 +17,8 @@ from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from skulk_api_openai import chat, embeddings
 from skulk_api_openai.requests import RequestError, parse_chat_request, parse_embeddings_request
-from skulk_kernel.tasks import (
+from skulk_kernel.api import (
+    Chunk,
     ErrorChunk,
     GenerationStats,
     TokenChunk,
@@ -26,7 +27,6 @@ from skulk_kernel.tasks import (
     ToolCallChunk,
     TopLogprob,
     Usage,
-    _Chunk,
 )
 
 CMD = "cmd-1"
@@ -110,10 +110,7 @@ def test_parse_normalizes_everything() -> None:
 def test_reasoning_effort_maps_to_thinking() -> None:
     assert parse_chat_request(body(reasoning_effort="none")).params.enable_thinking is False
     assert parse_chat_request(body(reasoning_effort="high")).params.enable_thinking is True
-    assert (
-        parse_chat_request(body(chat_template_kwargs={"enable_thinking": False})).params.enable_thinking
-        is False
-    )
+    assert parse_chat_request(body(chat_template_kwargs={"enable_thinking": False})).params.enable_thinking is False
     assert parse_chat_request(body()).params.enable_thinking is None
 
 
@@ -145,8 +142,7 @@ def test_parse_embeddings() -> None:
     req = parse_embeddings_request({"model": "m", "input": ["a", "b"]})
     assert req.params.inputs == ("a", "b") and req.encoding_format == "float"
     assert (
-        parse_embeddings_request({"model": "m", "input": "a", "encoding_format": "base64"}).encoding_format
-        == "base64"
+        parse_embeddings_request({"model": "m", "input": "a", "encoding_format": "base64"}).encoding_format == "base64"
     )
     for bad in ([1, 2], [[1, 2]], [], "", None, {"a": 1}):
         with pytest.raises(RequestError):
@@ -158,7 +154,7 @@ def test_parse_embeddings() -> None:
 # --- encoding ------------------------------------------------------------------------------------
 
 
-async def _aiter(chunks: list[_Chunk]) -> AsyncIterator[_Chunk]:
+async def _aiter(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
     for c in chunks:
         yield c
 
@@ -167,7 +163,7 @@ def _lp(token: str) -> tuple[TokenLogprob, ...]:
     return (TokenLogprob(token=token, logprob=-0.5, top_logprobs=(TopLogprob(token=token, logprob=-0.5),)),)
 
 
-TEXT_CHUNKS: list[_Chunk] = [
+TEXT_CHUNKS: list[Chunk] = [
     TokenChunk(command_id=CMD, seq=0, text="think", reasoning=True),
     TokenChunk(command_id=CMD, seq=1, text="Hello", logprobs=_lp("Hello")),
     TokenChunk(command_id=CMD, seq=2, text=" world", logprobs=_lp(" world")),
@@ -194,7 +190,7 @@ def _encoder(**kwargs: Any) -> chat.ChatStreamEncoder:
     return chat.ChatStreamEncoder(**{**defaults, **kwargs})
 
 
-async def _events(chunks: list[_Chunk], **kwargs: Any) -> list[str]:
+async def _events(chunks: list[Chunk], **kwargs: Any) -> list[str]:
     return [e async for e in _encoder(**kwargs).events(_aiter(chunks))]
 
 
@@ -210,9 +206,7 @@ def test_stream_events_validate_as_sdk_chunks() -> None:
     assert parsed[-2].choices[0].finish_reason == "length"
     assert json.loads(events[-4][6:])["choices"][0]["delta"] == {}
     assert parsed[-1].choices == [] and parsed[-1].usage is not None and parsed[-1].usage.total_tokens == 7
-    assert {(c.id, c.created, c.model, c.system_fingerprint) for c in parsed} == {
-        ("chatcmpl-1", 1, "m", "fp")
-    }
+    assert {(c.id, c.created, c.model, c.system_fingerprint) for c in parsed} == {("chatcmpl-1", 1, "m", "fp")}
     lp = [
         t.token
         for c in parsed
@@ -288,13 +282,9 @@ def test_completion_body_validates_as_sdk_type() -> None:
 def test_completion_body_with_tool_calls() -> None:
     call = ToolCall(id="call_a", name="f", arguments='{"a": 1}')
     got = asyncio.run(
-        chat.collect(
-            _aiter([ToolCallChunk(command_id=CMD, seq=0, calls=(call,), finish_reason="tool_calls")]), False
-        )
+        chat.collect(_aiter([ToolCallChunk(command_id=CMD, seq=0, calls=(call,), finish_reason="tool_calls")]), False)
     )
-    out = chat.completion_body(
-        got, completion_id="c", created=1, model="m", fingerprint="fp", want_logprobs=False
-    )
+    out = chat.completion_body(got, completion_id="c", created=1, model="m", fingerprint="fp", want_logprobs=False)
     msg = ChatCompletion.model_validate(out).choices[0].message
     assert msg.content is None and msg.tool_calls is not None
     assert msg.tool_calls[0].function.arguments == '{"a": 1}'
@@ -310,10 +300,7 @@ def test_finish_reason_mapping() -> None:
 
 
 def test_error_status() -> None:
-    assert (
-        chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", code="context_length_exceeded"))
-        == 400
-    )
+    assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", code="context_length_exceeded")) == 400
     assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", error_type="timeout")) == 504
     assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x", code="instance_not_ready")) == 503
     assert chat.error_status(ErrorChunk(command_id=CMD, seq=0, message="x")) == 500

@@ -170,9 +170,7 @@ def test_stream_helper_function_call_then_follow_up(client: OpenAI) -> None:
     with client.responses.stream(model=ECHO, input=WEATHER, tools=TOOLS) as stream:  # type: ignore[arg-type]
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
-    assert (
-        "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
-    )
+    assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
     (call,) = final.output
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
     with client.responses.stream(

@@ -21,16 +21,7 @@ from pydantic import TypeAdapter
 from skulk_api_openai.requests import RequestError
 from skulk_api_openai.responses import ResponsesEncoder
 from skulk_api_openai.responses_requests import ResponsesRequest, parse_responses_request
-from skulk_kernel.tasks import (
-    ErrorChunk,
-    TokenChunk,
-    TokenLogprob,
-    ToolCall,
-    ToolCallChunk,
-    TopLogprob,
-    Usage,
-    _Chunk,
-)
+from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, TokenLogprob, ToolCall, ToolCallChunk, TopLogprob, Usage
 
 CMD = "0b7f2d5e-1111-2222-3333-444455556666"
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -44,9 +35,7 @@ def body(**kwargs: Any) -> dict[str, Any]:
 
 
 def test_string_input_and_instructions() -> None:
-    req = parse_responses_request(
-        body(instructions="be brief", max_output_tokens=7, temperature=0.5, top_p=0.9)
-    )
+    req = parse_responses_request(body(instructions="be brief", max_output_tokens=7, temperature=0.5, top_p=0.9))
     msgs = req.params.messages
     assert [(m.role, m.content) for m in msgs] == [("system", "be brief"), ("user", "hi")]
     assert req.params.sampling.max_tokens == 7
@@ -186,16 +175,14 @@ def request(**kwargs: Any) -> ResponsesRequest:
     return parse_responses_request(body(**kwargs))
 
 
-async def _aiter(chunks: list[_Chunk]) -> AsyncIterator[_Chunk]:
+async def _aiter(chunks: list[Chunk]) -> AsyncIterator[Chunk]:
     for chunk in chunks:
         yield chunk
 
 
-def tokens(*texts: str, reasoning: int = 0, reason: str = "stop") -> list[_Chunk]:
+def tokens(*texts: str, reasoning: int = 0, reason: str = "stop") -> list[Chunk]:
     """Token chunks (the first `reasoning` of them marked reasoning) and the terminal chunk."""
-    out: list[_Chunk] = [
-        TokenChunk(command_id=CMD, seq=i, text=t, reasoning=i < reasoning) for i, t in enumerate(texts)
-    ]
+    out: list[Chunk] = [TokenChunk(command_id=CMD, seq=i, text=t, reasoning=i < reasoning) for i, t in enumerate(texts)]
     out.append(
         TokenChunk(
             command_id=CMD,
@@ -217,14 +204,14 @@ TOOL = ToolCallChunk(
 )
 
 
-def non_stream(req: ResponsesRequest, chunks: list[_Chunk]) -> tuple[Response, dict[str, Any]]:
+def non_stream(req: ResponsesRequest, chunks: list[Chunk]) -> tuple[Response, dict[str, Any]]:
     enc = ResponsesEncoder(req, command_id=CMD, created_at=1700000000, model="skulk/echo", emit=False)
     assert asyncio.run(enc.collect(_aiter(chunks))) is None
     raw = enc.response()
     return Response.model_validate(raw, strict=False), raw
 
 
-def stream(req: ResponsesRequest, chunks: list[_Chunk]) -> tuple[list[dict[str, Any]], str]:
+def stream(req: ResponsesRequest, chunks: list[Chunk]) -> tuple[list[dict[str, Any]], str]:
     """The SSE text of a whole stream, checked event by event against the SDK's event types."""
     enc = ResponsesEncoder(req, command_id=CMD, created_at=1700000000, model="skulk/echo")
 
@@ -313,9 +300,7 @@ def test_non_stream_function_call() -> None:
 
 
 def test_reasoning_items() -> None:
-    resp, _ = non_stream(
-        request(reasoning={"effort": "high"}), tokens("think", " more", "Answer", reasoning=2)
-    )
+    resp, _ = non_stream(request(reasoning={"effort": "high"}), tokens("think", " more", "Answer", reasoning=2))
     assert [item.type for item in resp.output] == ["reasoning", "message"]
     rs = resp.output[0]
     assert isinstance(rs, ResponseReasoningItem)
@@ -385,7 +370,7 @@ def test_stream_function_call() -> None:
 
 
 def test_stream_text_then_tool_call_are_two_items() -> None:
-    chunks: list[_Chunk] = [TokenChunk(command_id=CMD, seq=0, text="let me check"), TOOL]
+    chunks: list[Chunk] = [TokenChunk(command_id=CMD, seq=0, text="let me check"), TOOL]
     events, _ = stream(request(tools=[{"type": "function", "name": "get_weather"}]), chunks)
     final = sdk_final(events)
     assert [item.type for item in final.output] == ["message", "function_call"]
@@ -402,10 +387,8 @@ def test_stream_truncation_ends_incomplete() -> None:
 
 
 def test_stream_logprobs() -> None:
-    lp = TokenLogprob(
-        token="hi", logprob=-0.5, bytes=(104, 105), top_logprobs=(TopLogprob(token="hi", logprob=-0.5),)
-    )
-    chunks: list[_Chunk] = [TokenChunk(command_id=CMD, seq=0, text="hi", logprobs=(lp,)), *tokens()[-1:]]
+    lp = TokenLogprob(token="hi", logprob=-0.5, bytes=(104, 105), top_logprobs=(TopLogprob(token="hi", logprob=-0.5),))
+    chunks: list[Chunk] = [TokenChunk(command_id=CMD, seq=0, text="hi", logprobs=(lp,)), *tokens()[-1:]]
     events, _ = stream(request(include=["message.output_text.logprobs"], top_logprobs=1), chunks)
     delta = next(e for e in events if e["type"] == "response.output_text.delta")
     assert delta["logprobs"][0]["token"] == "hi" and delta["logprobs"][0]["bytes"] == [104, 105]
@@ -414,7 +397,7 @@ def test_stream_logprobs() -> None:
 
 
 def test_stream_error_mid_stream() -> None:
-    chunks: list[_Chunk] = [
+    chunks: list[Chunk] = [
         TokenChunk(command_id=CMD, seq=0, text="par"),
         ErrorChunk(command_id=CMD, seq=1, message="the runner died", code="runner_failed"),
     ]
@@ -432,7 +415,7 @@ def test_stream_error_mid_stream() -> None:
 
 def test_non_stream_error_is_returned() -> None:
     enc = ResponsesEncoder(request(), command_id=CMD, created_at=1, model="m", emit=False)
-    chunks: list[_Chunk] = [ErrorChunk(command_id=CMD, seq=0, message="boom")]
+    chunks: list[Chunk] = [ErrorChunk(command_id=CMD, seq=0, message="boom")]
     got = asyncio.run(enc.collect(_aiter(chunks)))
     assert got is not None and got.message == "boom"
 
@@ -441,7 +424,7 @@ def test_late_error_after_keepalives_is_a_failed_response() -> None:
     """A stream that had to wait already sent its 200: a late InferenceError ends it as response.failed."""
     from skulk_api_control.streaming import Dispatch
     from skulk_api_openai.responses_routes import _responses_sse
-    from skulk_kernel.inference import InferenceError
+    from skulk_api_control.dispatch import InferenceError
 
     req = request()
 

@@ -19,8 +19,7 @@ from typing import Any
 
 from skulk_election_bully.election import BullyElection
 from skulk_election_bully.plugin import BullyConfig
-from skulk_kernel.contracts import PeerEvent
-from skulk_kernel.topics import Topic
+from skulk_kernel.api import PeerEvent, Topic
 
 # Fast timings so multi-node scenarios take a second or two; the ratios match the defaults.
 FAST = BullyConfig(campaign_timeout_s=0.3, heartbeat_s=0.1, master_timeout_s=0.6)
@@ -81,8 +80,9 @@ class FakeTransport:
 
 
 class FakeNode:
-    def __init__(self, bus: Bus, node_id: str, *, force_master: bool = False, applied: int = -1,
-                 config: BullyConfig = FAST) -> None:
+    def __init__(
+        self, bus: Bus, node_id: str, *, force_master: bool = False, applied: int = -1, config: BullyConfig = FAST
+    ) -> None:
         self.bus = bus
         self.node_id = node_id
         self.options = SimpleNamespace(force_master=force_master)

@@ -12,7 +12,7 @@ from bully_fakes import FAST, FakeNode, agreed_master, cluster, start_nodes, wai
 from pydantic import ValidationError
 from skulk_election_bully.election import FORCE_MASTER_SENIORITY, BullyElection, ElectionMessage
 from skulk_election_bully.plugin import BullyConfig
-from skulk_kernel import codec
+from skulk_kernel.api import codec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,8 +55,12 @@ async def test_most_applied_events_beats_an_earlier_started_node() -> None:
 
 async def test_failover_picks_the_node_that_applied_most_of_the_log() -> None:
     async with cluster() as bus:
-        nodes = await start_nodes(bus, {"node_id": "node-m", "applied": 100},
-                                  {"node_id": "node-z", "applied": 10}, {"node_id": "node-a", "applied": 90})
+        nodes = await start_nodes(
+            bus,
+            {"node_id": "node-m", "applied": 100},
+            {"node_id": "node-z", "applied": 10},
+            {"node_id": "node-a", "applied": 90},
+        )
         assert await wait_agreed(nodes, 3.0) == "node-m"
         await nodes[0].crash()
         rest = nodes[1:]
@@ -65,8 +69,12 @@ async def test_failover_picks_the_node_that_applied_most_of_the_log() -> None:
 
 async def test_force_master_wins() -> None:
     async with cluster() as bus:
-        nodes = await start_nodes(bus, {"node_id": "node-a", "force_master": True},
-                                  {"node_id": "node-b", "applied": 500}, {"node_id": "node-z", "applied": 500})
+        nodes = await start_nodes(
+            bus,
+            {"node_id": "node-a", "force_master": True},
+            {"node_id": "node-b", "applied": 500},
+            {"node_id": "node-z", "applied": 500},
+        )
         assert await wait_agreed(nodes, 3.0) == "node-a"
         assert all(n.changes == ["node-a"] for n in nodes), nodes
         assert nodes[0].election.diagnostics()["seniority"] >= FORCE_MASTER_SENIORITY
@@ -175,8 +183,14 @@ async def test_malformed_election_messages_are_dropped(caplog: pytest.LogCapture
     async with cluster() as bus:
         nodes = await start_nodes(bus, "node-a", "node-b")
         master = await wait_agreed(nodes, 3.0)
-        good = {"kind": "announce", "nodeId": "node-evil", "clock": 99, "seniority": 10**9,
-                "commandsSeen": 10**9, "masterId": "node-evil"}
+        good = {
+            "kind": "announce",
+            "nodeId": "node-evil",
+            "clock": 99,
+            "seniority": 10**9,
+            "commandsSeen": 10**9,
+            "masterId": "node-evil",
+        }
         bad: list[bytes] = [
             b"\xc1garbage",  # not msgpack
             msgpack.packb([1, 2, 3]),  # not a map
@@ -192,8 +206,9 @@ async def test_malformed_election_messages_are_dropped(caplog: pytest.LogCapture
         caplog.set_level(logging.WARNING, logger="skulk.election")
         for payload in bad:
             bus.inject("node-evil", payload)
-        await wait_until(lambda: all(n.election.stats.dropped == len(bad) for n in nodes), 2.0,
-                         "every bad message dropped", nodes)
+        await wait_until(
+            lambda: all(n.election.stats.dropped == len(bad) for n in nodes), 2.0, "every bad message dropped", nodes
+        )
         await asyncio.sleep(3 * FAST.heartbeat_s)
         assert agreed_master(nodes) == master
         assert all(n.changes == [master] for n in nodes), nodes
@@ -207,8 +222,14 @@ async def test_a_well_formed_announce_from_a_stronger_node_is_obeyed() -> None:
     async with cluster() as bus:
         nodes = await start_nodes(bus, "node-a", "node-b")
         await wait_agreed(nodes, 3.0)
-        strong = ElectionMessage(kind="announce", node_id="node-q", clock=1, seniority=FORCE_MASTER_SENIORITY,
-                                 commands_seen=0, master_id="node-q")
+        strong = ElectionMessage(
+            kind="announce",
+            node_id="node-q",
+            clock=1,
+            seniority=FORCE_MASTER_SENIORITY,
+            commands_seen=0,
+            master_id="node-q",
+        )
         bus.inject("node-q", codec.encode(strong))
         await wait_until(lambda: all(n.master_id == "node-q" for n in nodes), 2.0, "node-q followed", nodes)
         # node-q never speaks again: it times out and the cluster re-elects among its members.
@@ -218,8 +239,14 @@ async def test_a_well_formed_announce_from_a_stronger_node_is_obeyed() -> None:
 def test_message_round_trips_and_rejects_bad_values() -> None:
     msg = ElectionMessage(kind="campaign", node_id="n1", clock=3, seniority=2, commands_seen=-1, master_id=None)
     wire = msgpack.unpackb(codec.encode(msg))
-    assert wire == {"kind": "campaign", "nodeId": "n1", "clock": 3, "seniority": 2, "commandsSeen": -1,
-                    "masterId": None}
+    assert wire == {
+        "kind": "campaign",
+        "nodeId": "n1",
+        "clock": 3,
+        "seniority": 2,
+        "commandsSeen": -1,
+        "masterId": None,
+    }
     assert codec.decode(codec.encode(msg), ElectionMessage) == msg
     with pytest.raises(ValidationError):
         ElectionMessage(kind="campaign", node_id="", clock=0, seniority=0, commands_seen=0)
@@ -257,8 +284,12 @@ async def test_random_churn_heals_to_one_stable_master(seed: int) -> None:
         nodes: list[FakeNode] = []
 
         async def add() -> None:
-            node = FakeNode(bus, f"n{len(nodes):02d}-{rng.randint(0, 99)}", applied=rng.randint(-1, 20),
-                            force_master=rng.random() < 0.05)
+            node = FakeNode(
+                bus,
+                f"n{len(nodes):02d}-{rng.randint(0, 99)}",
+                applied=rng.randint(-1, 20),
+                force_master=rng.random() < 0.05,
+            )
             nodes.append(await node.start())
 
         for _ in range(rng.randint(2, 5)):

@@ -42,12 +42,13 @@ async def test_an_in_process_node_on_the_local_transport_elects_itself(tmp_path:
 
 
 async def test_profile_config_reaches_the_election(tmp_path: Path) -> None:
-    from skulk_kernel.profiles import parse_profile
+    from skulk_kernel.api import parse_profile
 
     profile = parse_profile(
         '[profile]\nname = "t"\nplugins = ["election-bully"]\n'
-        '[plugins.election-bully]\ncampaign_timeout_s = 0.2\nheartbeat_s = 0.05\nmaster_timeout_s = 0.5\n',
-        "test")
+        "[plugins.election-bully]\ncampaign_timeout_s = 0.2\nheartbeat_s = 0.05\nmaster_timeout_s = 0.5\n",
+        "test",
+    )
     async with in_process_node(profile, home=tmp_path / "n") as node:
         election = next(iter(node.elections.values()))
         assert election.config.campaign_timeout_s == 0.2
@@ -97,13 +98,14 @@ async def test_real_nodes_on_a_shared_bus_elect_one_master_and_fail_over(tmp_pat
     from bully_fakes import BusTransport, SharedBus
     from skulk_kernel import hookimpl
     from skulk_kernel.node import Node, NodeOptions
-    from skulk_kernel.plugins import build_plugin_manager, register_plugin
-    from skulk_kernel.profiles import parse_profile
+    from skulk_kernel.api import build_plugin_manager, register_plugin
+    from skulk_kernel.api import parse_profile
 
     profile = parse_profile(
         '[profile]\nname = "bus"\nplugins = ["election-bully", "master"]\n[planes]\ncontrol = "testbus"\n'
-        '[plugins.election-bully]\ncampaign_timeout_s = 0.3\nheartbeat_s = 0.1\nmaster_timeout_s = 0.6\n',
-        "test")
+        "[plugins.election-bully]\ncampaign_timeout_s = 0.3\nheartbeat_s = 0.1\nmaster_timeout_s = 0.6\n",
+        "test",
+    )
     bus = SharedBus()
 
     class BusPlugin:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from skulk_engine_echo.engine import ECHO_EMBED_MODEL, ECHO_MODEL, EchoEngine, EchoModelStore, echo_cards
-from skulk_kernel.contracts import RunnerSpec
+from skulk_kernel.api import RunnerSpec
 from skulk_testing.conformance import (
     EngineConformance,
     ModelStoreConformance,

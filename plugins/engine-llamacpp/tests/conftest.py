@@ -26,8 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    return Path(os.environ.get("SKULK_TEST_MODELS_DIR")
-                or Path(tempfile.gettempdir()) / "skulk-test-models")
+    return Path(os.environ.get("SKULK_TEST_MODELS_DIR") or Path(tempfile.gettempdir()) / "skulk-test-models")
 
 
 @pytest.fixture(scope="session")

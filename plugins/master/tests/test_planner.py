@@ -9,9 +9,16 @@ from skulk_kernel.models import ModelCard
 from skulk_kernel.state import State, Topology
 from skulk_master.planner import GiB, MemoryPlanner
 
-CARD = ModelCard(model_id="org/m", n_layers=30, hidden_size=576, num_key_value_heads=3, context_length=2048,
-                 storage_size=2 * GiB, compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
-                 backend_preference=("llama_server-cpu", "llama_cpp-cpu"))
+CARD = ModelCard(
+    model_id="org/m",
+    n_layers=30,
+    hidden_size=576,
+    num_key_value_heads=3,
+    context_length=2048,
+    storage_size=2 * GiB,
+    compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
+    backend_preference=("llama_server-cpu", "llama_cpp-cpu"),
+)
 
 
 def cap(node: str, gib: float, backends: tuple[str, ...] = ("llama_server-cpu", "llama_cpp-cpu")) -> NodeCapacity:
@@ -93,14 +100,22 @@ def test_unconnected_nodes_do_not_form_a_cycle():
 def test_tensor_divisibility():
     card = CARD.model_copy(update={"num_key_value_heads": 3, "supports_tensor": True})
     with pytest.raises(PlacementError) as err:
-        MemoryPlanner().place(PlacementRequest(model=card, sharding="Tensor", min_nodes=2), State(),
-                              {"a": cap("a", 8), "b": cap("b", 8)}, "i")
+        MemoryPlanner().place(
+            PlacementRequest(model=card, sharding="Tensor", min_nodes=2),
+            State(),
+            {"a": cap("a", 8), "b": cap("b", 8)},
+            "i",
+        )
     assert "divisible" in err.value.message
 
 
 def test_tensor_sharding_needs_a_card_that_supports_it():
     card = CARD.model_copy(update={"supports_tensor": False, "num_key_value_heads": 4})
     with pytest.raises(PlacementError) as err:
-        MemoryPlanner().place(PlacementRequest(model=card, sharding="Tensor", min_nodes=2), State(),
-                              {"a": cap("a", 8), "b": cap("b", 8)}, "i")
+        MemoryPlanner().place(
+            PlacementRequest(model=card, sharding="Tensor", min_nodes=2),
+            State(),
+            {"a": cap("a", 8), "b": cap("b", 8)},
+            "i",
+        )
     assert "supports_tensor" in err.value.message

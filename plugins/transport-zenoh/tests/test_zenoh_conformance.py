@@ -27,8 +27,10 @@ def test_registration_imports_no_zenoh() -> None:
     """Building the transport object (what every node and runner does) must not import zenoh."""
     import subprocess
 
-    probe = ("import sys\nfrom skulk_transport_zenoh.transport import ZenohTransport\n"
-             "ZenohTransport()\nprint('zenoh' in sys.modules)\n")
+    probe = (
+        "import sys\nfrom skulk_transport_zenoh.transport import ZenohTransport\n"
+        "ZenohTransport()\nprint('zenoh' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

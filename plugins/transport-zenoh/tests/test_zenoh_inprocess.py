@@ -8,12 +8,11 @@ import time
 from typing import Any
 
 import pytest
-from skulk_kernel.contracts import PeerEvent
-from skulk_kernel.topics import Topic
 from skulk_testing.conformance import Inbox
 from skulk_transport_zenoh.frames import MAGIC
 from skulk_transport_zenoh.transport import NoReply, RequestError, ZenohTransport
 from zenoh_helpers import loopback_config, multicast_group, unique_version, wait_until
+from skulk_kernel.api import PeerEvent, Topic
 
 JOIN_TIMEOUT = 15.0
 
@@ -21,11 +20,16 @@ JOIN_TIMEOUT = 15.0
 async def all_see_each_other(transports: list[ZenohTransport]) -> float:
     ids = {t.node_id for t in transports}
     try:
-        return await wait_until(lambda: all(t.peers == ids - {t.node_id} for t in transports), JOIN_TIMEOUT,
-                                "every transport to see every other one")
+        return await wait_until(
+            lambda: all(t.peers == ids - {t.node_id} for t in transports),
+            JOIN_TIMEOUT,
+            "every transport to see every other one",
+        )
     except TimeoutError as exc:
-        state = {t.node_id: {"zid": t.zid, "peers": sorted(t.peers), "sessions": sorted(t._connected_zids())}
-                 for t in transports}
+        state = {
+            t.node_id: {"zid": t.zid, "peers": sorted(t.peers), "sessions": sorted(t._connected_zids())}
+            for t in transports
+        }
         raise TimeoutError(f"{exc}: {state}") from None
 
 
@@ -60,8 +64,7 @@ async def test_multicast_scouting_finds_peers(make_transport: Any, count: int) -
 async def test_connect_endpoints_find_peers_without_multicast(make_transport: Any, count: int) -> None:
     first = await make_transport("node-0")
     assert first.listen_locators and all(":0" not in loc for loc in first.listen_locators)
-    transports = [first] + [await make_transport(f"node-{i}", connect=first.listen_locators)
-                            for i in range(1, count)]
+    transports = [first] + [await make_transport(f"node-{i}", connect=first.listen_locators) for i in range(1, count)]
     await all_see_each_other(transports)
 
 
@@ -308,8 +311,15 @@ async def test_malformed_frames_are_dropped(make_transport: Any, version: str) -
     try:
         await wait_until(lambda: bool(session.info.peers_zid()), 10, "the raw session to connect")
         await asyncio.sleep(0.2)
-        garbage = [b"", b"\x00\xff garbage", MAGIC, MAGIC + b"\x10short", MAGIC + b"\x00" + b"payload",
-                   MAGIC + b"\x02\xff\xfe" + b"bad utf-8", bytes(range(256)) * 100]
+        garbage = [
+            b"",
+            b"\x00\xff garbage",
+            MAGIC,
+            MAGIC + b"\x10short",
+            MAGIC + b"\x00" + b"payload",
+            MAGIC + b"\x02\xff\xfe" + b"bad utf-8",
+            bytes(range(256)) * 100,
+        ]
         keys = [f"skulk/{version}/control/commands", f"skulk/{version}/data/chunks/node-0"]
         for key in keys:
             for frame in garbage:
@@ -341,10 +351,14 @@ async def test_session_auth_refuses_another_version_and_reports_it(make_transpor
         other = await make_transport("node-x", version=unique_version(), multicast=group, session_auth=True)
     else:
         first = await make_transport("node-0", session_auth=True)
-        other = await make_transport("node-x", version=unique_version(), connect=first.listen_locators,
-                                     session_auth=True)
-    await wait_until(lambda: "node-x" in first.mismatched_peers and "node-0" in other.mismatched_peers, 10,
-                     "both sides to report the mismatch")
+        other = await make_transport(
+            "node-x", version=unique_version(), connect=first.listen_locators, session_auth=True
+        )
+    await wait_until(
+        lambda: "node-x" in first.mismatched_peers and "node-0" in other.mismatched_peers,
+        10,
+        "both sides to report the mismatch",
+    )
     assert first.mismatched_peers["node-x"].network_version == other.network_version
     assert first.mismatched_peers["node-x"].address == ", ".join(other.listen_locators)
     assert first.peers == frozenset() and other.peers == frozenset()

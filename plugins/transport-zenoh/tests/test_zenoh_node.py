@@ -6,19 +6,24 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from skulk_kernel.profiles import Planes, Profile
-from skulk_kernel.topics import Topic
 from skulk_testing.nodes import in_process_node
 from zenoh_helpers import unique_version, wait_until
+from skulk_kernel.api import Planes, Profile, Topic
 
 
 def zenoh_profile(version: str, connect: list[str] | None = None) -> Profile:
     return Profile(
-        name="zenoh-test", plugins=("transport-zenoh",), planes=Planes(control="zenoh"),
-        plugin_config={"transport-zenoh": {
-            "listen": ["tcp/127.0.0.1:0"], "connect": connect or [], "multicast_scouting": False,
-            "network_version": version,
-        }},
+        name="zenoh-test",
+        plugins=("transport-zenoh",),
+        planes=Planes(control="zenoh"),
+        plugin_config={
+            "transport-zenoh": {
+                "listen": ["tcp/127.0.0.1:0"],
+                "connect": connect or [],
+                "multicast_scouting": False,
+                "network_version": version,
+            }
+        },
     )
 
 
@@ -31,7 +36,8 @@ async def test_two_nodes_over_zenoh(tmp_path: Path) -> None:
         assert first.transports["data"] is transport and first.transports["telemetry"] is transport
         assert first.facts["network_version"] == version
         second = await stack.enter_async_context(
-            in_process_node(zenoh_profile(version, transport.listen_locators), home=tmp_path / "b"))
+            in_process_node(zenoh_profile(version, transport.listen_locators), home=tmp_path / "b")
+        )
         await wait_until(lambda: second.node_id in transport.peers, 15, "the second node to join")
 
         got: list[tuple[str, bytes]] = []

@@ -14,11 +14,10 @@ import time
 from typing import Any
 
 import pytest
-from skulk_kernel.contracts import PeerEvent
-from skulk_kernel.topics import Topic
 from skulk_testing.conformance import Inbox
 from skulk_transport_zenoh.transport import ZenohTransport
 from zenoh_helpers import multicast_group, unique_version, wait_until
+from skulk_kernel.api import PeerEvent, Topic
 
 pytestmark = pytest.mark.slow
 
@@ -77,9 +76,11 @@ async def test_sigstop_leaves_after_the_lease_and_sigcont_rejoins(make_transport
                 await asyncio.sleep(0.001)
         left = next((t for t, e in events if e == PeerEvent("sleeper", False)), None)
         assert left is not None, "a frozen peer must leave after the lease"
-        print(f"SIGSTOP -> PeerEvent(left) after {(left - stopped) * 1000:.0f} ms (lease {LEASE_S} s); "
-              f"published {published} 1 KB messages meanwhile, longest loop stall "
-              f"{max(ticker_gaps) * 1000:.0f} ms")
+        print(
+            f"SIGSTOP -> PeerEvent(left) after {(left - stopped) * 1000:.0f} ms (lease {LEASE_S} s); "
+            f"published {published} 1 KB messages meanwhile, longest loop stall "
+            f"{max(ticker_gaps) * 1000:.0f} ms"
+        )
         assert left - stopped < LEASE_S + 1.5
         assert max(ticker_gaps) < 0.5, "a blocked put reached the event loop"
         assert len(inbox.messages) == published  # own delivery never waits for the network
@@ -91,8 +92,7 @@ async def test_sigstop_leaves_after_the_lease_and_sigcont_rejoins(make_transport
         tick.cancel()
 
 
-async def test_another_network_version_is_refused_and_reported(make_transport: Any, spawn: Any,
-                                                              version: str) -> None:
+async def test_another_network_version_is_refused_and_reported(make_transport: Any, spawn: Any, version: str) -> None:
     hub = await make_transport("hub")
     events: list[PeerEvent] = []
     hub.on_peer(events.append)
@@ -103,8 +103,9 @@ async def test_another_network_version_is_refused_and_reported(make_transport: A
     stranger = await spawn("stranger", version=other_version, connect=hub.listen_locators, tick=True).ready()
     await joined(hub, "friend")
     await wait_until(lambda: "stranger" in hub.mismatched_peers, 10, "the hub to report the stranger")
-    await stranger.wait_line(lambda d: d.get("mismatch") == "hub" and d["version"] == version, 10,
-                             "the stranger to report the hub")
+    await stranger.wait_line(
+        lambda d: d.get("mismatch") == "hub" and d["version"] == version, 10, "the stranger to report the hub"
+    )
     await inbox.wait_for(5, 10)  # the friend's ticks arrive...
     await asyncio.sleep(1.0)
     senders = {s for s, _ in inbox.messages}
@@ -142,9 +143,10 @@ async def test_measure_latency_and_throughput(make_transport: Any, spawn: Any) -
     await joined(hub, "echo")
     replies: asyncio.Queue[bytes] = asyncio.Queue()
     loop = asyncio.get_running_loop()
-    hub.subscribe(Topic.LOCAL_EVENTS,
-                  lambda sender, payload: loop.call_soon_threadsafe(replies.put_nowait, payload)
-                  if sender == "echo" else None)
+    hub.subscribe(
+        Topic.LOCAL_EVENTS,
+        lambda sender, payload: loop.call_soon_threadsafe(replies.put_nowait, payload) if sender == "echo" else None,
+    )
     payload = b"p" * 1024
     # warm up until the echo subscription is live
     deadline = time.monotonic() + 10
@@ -176,10 +178,12 @@ async def test_measure_latency_and_throughput(make_transport: Any, spawn: Any) -
     reply = await asyncio.wait_for(replies.get(), 60)
     took = time.perf_counter() - started
     assert reply == b"COUNT:%d" % count, reply  # blocking congestion control: nothing dropped
-    print(f"1 KB publish->echo round trip over 500: median {statistics.median(rtts) * 1e3:.3f} ms, "
-          f"p99 {rtts[int(len(rtts) * 0.99)] * 1e3:.3f} ms; request/reply median "
-          f"{statistics.median(request_rtts) * 1e3:.3f} ms; throughput {count / took:,.0f} msg/s "
-          f"({count * 1024 / took / 1e6:.1f} MB/s) for {count} x 1 KB, blocking, all delivered")
+    print(
+        f"1 KB publish->echo round trip over 500: median {statistics.median(rtts) * 1e3:.3f} ms, "
+        f"p99 {rtts[int(len(rtts) * 0.99)] * 1e3:.3f} ms; request/reply median "
+        f"{statistics.median(request_rtts) * 1e3:.3f} ms; throughput {count / took:,.0f} msg/s "
+        f"({count * 1024 / took / 1e6:.1f} MB/s) for {count} x 1 KB, blocking, all delivered"
+    )
 
 
 async def test_stop_is_prompt_while_a_peer_is_frozen(make_transport: Any, spawn: Any) -> None:
@@ -210,7 +214,6 @@ async def test_stop_is_prompt_while_a_peer_is_frozen(make_transport: Any, spawn:
 
 EXIT_SCRIPT = """
 import asyncio, sys
-from skulk_kernel.topics import Topic
 from skulk_transport_zenoh.config import ZenohConfig
 from skulk_transport_zenoh.transport import ZenohTransport
 
@@ -236,8 +239,15 @@ async def test_exit_without_stop_does_not_hang(make_transport: Any, version: str
     events: list[PeerEvent] = []
     hub.on_peer(events.append)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", EXIT_SCRIPT, hub.listen_locators[0], version,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        sys.executable,
+        "-c",
+        EXIT_SCRIPT,
+        hub.listen_locators[0],
+        version,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 30)
     except TimeoutError:

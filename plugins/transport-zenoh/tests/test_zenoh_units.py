@@ -17,8 +17,18 @@ def test_frames_round_trip() -> None:
         assert frames.decode(frames.encode(sender, payload)) == ("node-1", payload)
 
 
-@pytest.mark.parametrize("frame", [b"", b"SKZ", b"XXXX\x01a", frames.MAGIC, frames.MAGIC + b"\x00rest",
-                                   frames.MAGIC + b"\x09short", frames.MAGIC + b"\x01\xff"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"SKZ",
+        b"XXXX\x01a",
+        frames.MAGIC,
+        frames.MAGIC + b"\x00rest",
+        frames.MAGIC + b"\x09short",
+        frames.MAGIC + b"\x01\xff",
+    ],
+)
 def test_malformed_frames_raise(frame: bytes) -> None:
     with pytest.raises(MalformedFrame):
         frames.decode(frame)

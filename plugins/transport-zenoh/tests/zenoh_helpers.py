@@ -40,13 +40,18 @@ def multicast_group() -> str:
     return f"224.0.0.224:{free_udp_port()}"
 
 
-def loopback_config(version: str, *, multicast: str | None = None, connect: list[str] | tuple[str, ...] = (),
-                    **overrides: Any) -> ZenohConfig:
+def loopback_config(
+    version: str, *, multicast: str | None = None, connect: list[str] | tuple[str, ...] = (), **overrides: Any
+) -> ZenohConfig:
     """Listen on 127.0.0.1 (a free port); multicast scouting only when `multicast` names a group."""
     fields: dict[str, Any] = dict(
-        listen=["tcp/127.0.0.1:0"], connect=list(connect), network_version=version,
-        multicast_scouting=multicast is not None, multicast_address=multicast,
-        multicast_interface="lo" if multicast else None, hello_interval_s=0.5,
+        listen=["tcp/127.0.0.1:0"],
+        connect=list(connect),
+        network_version=version,
+        multicast_scouting=multicast is not None,
+        multicast_address=multicast,
+        multicast_interface="lo" if multicast else None,
+        hello_interval_s=0.5,
     )
     fields.update(overrides)
     return ZenohConfig(**fields)
@@ -75,8 +80,16 @@ def _die_with_parent() -> None:
 class PeerProcess:
     """zenoh_peer.py in its own process group; JSON lines from its stdout collected on a thread."""
 
-    def __init__(self, node: str, version: str, *, connect: list[str] | tuple[str, ...] = (),
-                 multicast: str | None = None, tick: bool = False, lease_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        node: str,
+        version: str,
+        *,
+        connect: list[str] | tuple[str, ...] = (),
+        multicast: str | None = None,
+        tick: bool = False,
+        lease_s: float = 3.0,
+    ) -> None:
         self.node = node
         self.version = version
         cmd = [sys.executable, str(PEER_SCRIPT), "--node", node, "--version", version, "--lease", str(lease_s)]
@@ -86,8 +99,14 @@ class PeerProcess:
             cmd += ["--multicast-address", multicast]
         if tick:
             cmd.append("--tick")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         self.stderr: list[str] = []
@@ -125,8 +144,10 @@ class PeerProcess:
                     return line
             index = len(self.seen)
             if self.proc.poll() is not None and self.lines.empty():
-                raise RuntimeError(f"peer {self.node} exited ({self.proc.returncode}) waiting for {what}:\n"
-                                   + "".join(self.stderr[-40:]))
+                raise RuntimeError(
+                    f"peer {self.node} exited ({self.proc.returncode}) waiting for {what}:\n"
+                    + "".join(self.stderr[-40:])
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"peer {self.node}: no {what} in {timeout}s; stderr:\n" + "".join(self.stderr[-40:]))
             await asyncio.sleep(0.01)

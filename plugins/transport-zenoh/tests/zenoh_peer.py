@@ -24,9 +24,9 @@ import signal
 import sys
 import threading
 
-from skulk_kernel.topics import Topic
 from skulk_transport_zenoh.config import ZenohConfig
 from skulk_transport_zenoh.transport import ZenohTransport
+from skulk_kernel.api import Topic
 
 
 def emit(obj: dict) -> None:
@@ -44,13 +44,19 @@ async def main() -> None:
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--tick", action="store_true")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"[peer {args.node}] %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"[peer {args.node}] %(name)s %(levelname)s %(message)s"
+    )
 
     config = ZenohConfig(
-        listen=[args.listen], connect=args.connect, network_version=args.version, lease_s=args.lease,
-        multicast_scouting=bool(args.multicast_address), multicast_address=args.multicast_address or None,
-        multicast_interface="lo" if args.multicast_address else None, hello_interval_s=0.5,
+        listen=[args.listen],
+        connect=args.connect,
+        network_version=args.version,
+        lease_s=args.lease,
+        multicast_scouting=bool(args.multicast_address),
+        multicast_address=args.multicast_address or None,
+        multicast_interface="lo" if args.multicast_address else None,
+        hello_interval_s=0.5,
     )
     transport = ZenohTransport(config)
     loop = asyncio.get_running_loop()

@@ -30,9 +30,12 @@ def test_kill_9_mid_stream_ends_stream_with_error_then_recovers(node_factory, ec
     lines: list[str] = []
     started = time.monotonic()
     words = " ".join(f"w{i}" for i in range(200))
-    with httpx.stream("POST", node.url + "/v1/chat/completions", timeout=30,
-                      json={"model": "skulk/echo", "stream": True,
-                            "messages": [{"role": "user", "content": f"/slow {words}"}]}) as response:
+    with httpx.stream(
+        "POST",
+        node.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": "skulk/echo", "stream": True, "messages": [{"role": "user", "content": f"/slow {words}"}]},
+    ) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             lines.append(line)
@@ -57,10 +60,13 @@ def test_crash_loop_fails_instance_with_reason(node_factory, echo_profile):
         node.wait_ready("skulk/echo", timeout=30)
         response = chat(node, "/crash")
         assert response.status_code in (200, 500, 502, 503)  # the request itself fails, never hangs
+
     def failed() -> bool:
         state = node.state()
         return instance_id not in state["instances"] and any(
-            f["instanceId"] == instance_id for f in state["instanceFailures"])
+            f["instanceId"] == instance_id for f in state["instanceFailures"]
+        )
+
     node.wait_until(failed, 30, "the instance to be failed")
     reason = next(f["reason"] for f in node.state()["instanceFailures"] if f["instanceId"] == instance_id)
     assert "gave up after 2 crashes" in reason

@@ -57,43 +57,48 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, TypeAdapter
-from skulk_kernel import codec
-from skulk_kernel.commands import Command, TextGeneration
-from skulk_kernel.contracts import (
+from skulk_kernel.api import (
     ApiAdapter,
+    ChatMessage,
+    Chunk,
+    ChunkBase,
+    Command,
+    Connection,
     Election,
+    EmbeddingChunk,
+    EmbeddingParams,
     Engine,
     EngineProbe,
     EngineSession,
+    ErrorChunk,
+    FinishReason,
+    IndexedEvent,
     InferenceMiddleware,
+    InstanceCreated,
+    ModelCard,
     ModelStore,
+    ModelTask,
     NodeCapacity,
+    NodeJoined,
+    PipelineShardMetadata,
     PlacementError,
     PlacementRequest,
     Planner,
+    RingInstance,
     RunnerSpec,
-    Transport,
-)
-from skulk_kernel.events import Connection, IndexedEvent, InstanceCreated, NodeJoined, TopologyEdgeCreated
-from skulk_kernel.instances import PipelineShardMetadata, _Instance
-from skulk_kernel.models import ModelCard, ModelTask
-from skulk_kernel.state import State
-from skulk_kernel.tasks import (
-    ChatMessage,
-    Chunk,
-    EmbeddingChunk,
-    EmbeddingParams,
-    ErrorChunk,
-    FinishReason,
     SamplingParams,
+    State,
+    TextGeneration,
     TextGenerationParams,
     TokenChunk,
     ToolCallChunk,
+    Topic,
+    TopologyEdgeCreated,
+    Transport,
     Usage,
-    _Chunk,
+    codec,
     is_terminal,
 )
-from skulk_kernel.topics import Topic
 
 __all__ = [
     "HEAVY_MODULES",
@@ -117,16 +122,33 @@ _FINISH_REASONS = frozenset(typing.get_args(FinishReason))
 _EPOCH = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 
 
-def make_runner_spec(card: ModelCard, model_path: Path | None = None, *, backend: str = "",
-                     options: dict[str, Any] | None = None, instance_id: str = "conformance-instance",
-                     runner_id: str = "conformance-runner") -> RunnerSpec:
+def make_runner_spec(
+    card: ModelCard,
+    model_path: Path | None = None,
+    *,
+    backend: str = "",
+    options: dict[str, Any] | None = None,
+    instance_id: str = "conformance-instance",
+    runner_id: str = "conformance-runner",
+) -> RunnerSpec:
     """A single-runner RunnerSpec holding every layer of `card` (what a one-node placement gives)."""
     shard = PipelineShardMetadata(
-        model_id=card.model_id, device_rank=0, world_size=1, start_layer=0, end_layer=card.n_layers,
-        n_layers=card.n_layers, backend=backend or (card.compatible_backends[:1] or ("any",))[0],
+        model_id=card.model_id,
+        device_rank=0,
+        world_size=1,
+        start_layer=0,
+        end_layer=card.n_layers,
+        n_layers=card.n_layers,
+        backend=backend or (card.compatible_backends[:1] or ("any",))[0],
     )
-    return RunnerSpec(instance_id=instance_id, runner_id=runner_id, shard=shard, card=card,
-                      model_path=model_path, options=dict(options or {}))
+    return RunnerSpec(
+        instance_id=instance_id,
+        runner_id=runner_id,
+        shard=shard,
+        card=card,
+        model_path=model_path,
+        options=dict(options or {}),
+    )
 
 
 # ============================== plugins ==========================================================
@@ -140,7 +162,7 @@ class PluginConformance:
 
     @pytest.fixture
     def info(self) -> Any:
-        from skulk_kernel.plugins import installed_plugins
+        from skulk_kernel.api import installed_plugins
 
         assert self.plugin_name, f"{type(self).__name__} must set plugin_name"
         plugins = installed_plugins()
@@ -156,7 +178,7 @@ class PluginConformance:
         )
 
     def test_declares_a_compatible_kernel_range(self, info: Any) -> None:
-        from skulk_kernel.plugins import kernel_version
+        from skulk_kernel.api import kernel_version
 
         assert info.kernel_range, f"{info.distribution} must depend on skulk-kernel with a version range"
         assert info.kernel_compatible(kernel_version()), (
@@ -176,8 +198,7 @@ class PluginConformance:
         assert not heavy, f"importing {info.module} imported {heavy}; import them inside functions"
 
     def test_hookimpls_match_the_hookspecs(self, info: Any) -> None:
-        from skulk_kernel.plugins import build_plugin_manager
-        from skulk_kernel.profiles import Profile
+        from skulk_kernel.api import Profile, build_plugin_manager
 
         pm = build_plugin_manager(Profile(name="conformance", plugins=(self.plugin_name,)))
         plugin = pm.get_plugin(self.plugin_name)
@@ -188,8 +209,7 @@ class PluginConformance:
         pm.check_pending()  # argument names must be a subset of each spec's
 
     def test_config_model_has_defaults(self, info: Any) -> None:
-        from skulk_kernel.plugins import build_plugin_manager
-        from skulk_kernel.profiles import Profile
+        from skulk_kernel.api import Profile, build_plugin_manager
 
         pm = build_plugin_manager(Profile(name="conformance", plugins=(self.plugin_name,)))
         models: dict[str, type[BaseModel]] = {}
@@ -212,8 +232,10 @@ class LoadedSession:
 class EngineConformance:
     """An Engine and the sessions it loads. Fixtures are class-scoped: each model loads once."""
 
-    prompt = ("Count from one to thirty in words, separated by spaces: one two three four five six "
-              "seven eight nine ten eleven twelve")
+    prompt = (
+        "Count from one to thirty in words, separated by spaces: one two three four five six "
+        "seven eight nine ten eleven twelve"
+    )
     short_prompt = "Hi"
     max_tokens_limit = 2
     cancel_slack = 3  # chunks an engine may still emit after it sees cancelled() turn true
@@ -229,8 +251,10 @@ class EngineConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def runner_spec(cls) -> RunnerSpec:
-        raise NotImplementedError("subclass EngineConformance and provide a `runner_spec` fixture "
-                                  "(make_runner_spec(card, model_path) builds one)")
+        raise NotImplementedError(
+            "subclass EngineConformance and provide a `runner_spec` fixture "
+            "(make_runner_spec(card, model_path) builds one)"
+        )
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -265,8 +289,9 @@ class EngineConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def embedding_session(cls, engine: Any, runner_spec: RunnerSpec, embedding_runner_spec: RunnerSpec | None,
-                          probe: EngineProbe) -> Iterator[tuple[Any, RunnerSpec]]:
+    def embedding_session(
+        cls, engine: Any, runner_spec: RunnerSpec, embedding_runner_spec: RunnerSpec | None, probe: EngineProbe
+    ) -> Iterator[tuple[Any, RunnerSpec]]:
         if "TextEmbedding" not in engine.tasks:
             pytest.skip("not an embedding engine")
         if not probe.available:
@@ -282,23 +307,30 @@ class EngineConformance:
 
     @staticmethod
     def params(spec: RunnerSpec, text: str, **sampling: Any) -> TextGenerationParams:
-        return TextGenerationParams(model_id=spec.card.model_id,
-                                    messages=(ChatMessage(role="user", content=text),),
-                                    sampling=SamplingParams(temperature=0.0, **sampling))
+        return TextGenerationParams(
+            model_id=spec.card.model_id,
+            messages=(ChatMessage(role="user", content=text),),
+            sampling=SamplingParams(temperature=0.0, **sampling),
+        )
 
     @staticmethod
-    def collect(session: Any, command_id: str, params: TextGenerationParams,
-                cancelled: Callable[[], bool] = lambda: False, limit: int = 10_000) -> list[_Chunk]:
+    def collect(
+        session: Any,
+        command_id: str,
+        params: TextGenerationParams,
+        cancelled: Callable[[], bool] = lambda: False,
+        limit: int = 10_000,
+    ) -> list[Chunk]:
         chunks = []
         for chunk in session.generate(command_id, params, cancelled):
             chunks.append(chunk)
             assert len(chunks) <= limit, f"generate produced more than {limit} chunks"
         return chunks
 
-    def assert_well_formed(self, chunks: list[_Chunk], command_id: str) -> _Chunk:
+    def assert_well_formed(self, chunks: list[Chunk], command_id: str) -> Chunk:
         assert chunks, "generate yielded nothing"
         for chunk in chunks:
-            assert isinstance(chunk, _Chunk), f"generate yielded {type(chunk).__name__}, not a chunk"
+            assert isinstance(chunk, ChunkBase), f"generate yielded {type(chunk).__name__}, not a chunk"
             assert chunk.command_id == command_id
             assert codec.decode_union(codec.encode(chunk), _CHUNK) == chunk  # travels on the data plane
         seqs = [c.seq for c in chunks]
@@ -330,8 +362,7 @@ class EngineConformance:
         assert isinstance(tags, list)
         for tag in tags:
             assert isinstance(tag, str) and re.fullmatch(rf"{re.escape(engine.name)}-[a-z0-9_.]+", tag), (
-                f"backend tags are '<engine>-<compute>' ({engine.name}-cpu, {engine.name}-cuda...), "
-                f"got {tag!r}"
+                f"backend tags are '<engine>-<compute>' ({engine.name}-cpu, {engine.name}-cuda...), got {tag!r}"
             )
         assert len(tags) == len(set(tags)), f"duplicate tags {tags}"
         assert facts == before, "backend_tags must not change the facts"
@@ -384,7 +415,7 @@ class EngineConformance:
         params = self.params(runner_spec, self.prompt)
         full = self.collect(loaded.session, "conf-full", params)
         flag = threading.Event()
-        chunks: list[_Chunk] = []
+        chunks: list[Chunk] = []
         for chunk in loaded.session.generate("conf-cancel", params, flag.is_set):
             chunks.append(chunk)
             flag.set()  # the client went away after the first chunk
@@ -435,28 +466,39 @@ class PlannerConformance:
 
     @pytest.fixture
     def card(self) -> ModelCard:
-        return ModelCard(model_id="conformance/model", n_layers=8, hidden_size=64, num_key_value_heads=8,
-                         context_length=512, storage_size=64 * 1024**2, compatible_backends=(self.backend,))
+        return ModelCard(
+            model_id="conformance/model",
+            n_layers=8,
+            hidden_size=64,
+            num_key_value_heads=8,
+            context_length=512,
+            storage_size=64 * 1024**2,
+            compatible_backends=(self.backend,),
+        )
 
-    def capacity(self, node_id: str, ram: int = 64 * GiB,
-                 backends: tuple[str, ...] | None = None) -> NodeCapacity:
-        return NodeCapacity(node_id=node_id, ram_available=ram, ram_total=max(ram, 1),
-                            backends=backends if backends is not None else (self.backend,))
+    def capacity(self, node_id: str, ram: int = 64 * GiB, backends: tuple[str, ...] | None = None) -> NodeCapacity:
+        return NodeCapacity(
+            node_id=node_id,
+            ram_available=ram,
+            ram_total=max(ram, 1),
+            backends=backends if backends is not None else (self.backend,),
+        )
 
     @staticmethod
     def state_with(*nodes: str) -> State:
         """A State where `nodes` joined and all see each other (a fully connected ring)."""
-        from skulk_kernel.apply import replay
+        from skulk_kernel.api import replay
 
         events: list[Any] = [NodeJoined(node_id=n) for n in nodes]
-        events += [TopologyEdgeCreated(edge=Connection(source=a, sink=b))
-                   for a in nodes for b in nodes if a != b]
-        return replay(IndexedEvent(idx=i, origin=nodes[0] if nodes else "x", at=_EPOCH, event=e)
-                      for i, e in enumerate(events))
+        events += [TopologyEdgeCreated(edge=Connection(source=a, sink=b)) for a in nodes for b in nodes if a != b]
+        return replay(
+            IndexedEvent(idx=i, origin=nodes[0] if nodes else "x", at=_EPOCH, event=e) for i, e in enumerate(events)
+        )
 
-    def check_instance(self, instance: Any, request: PlacementRequest, nodes: dict[str, NodeCapacity],
-                       instance_id: str) -> None:
-        assert isinstance(instance, _Instance), f"place() returned {type(instance).__name__}, not an Instance"
+    def check_instance(
+        self, instance: Any, request: PlacementRequest, nodes: dict[str, NodeCapacity], instance_id: str
+    ) -> None:
+        assert isinstance(instance, RingInstance), f"place() returned {type(instance).__name__}, not an Instance"
         assert instance.instance_id == instance_id
         sa = instance.shard_assignments
         assert sa.model_id == request.model.model_id
@@ -522,8 +564,9 @@ class PlannerConformance:
         self.check_instance(instance, request, nodes, "inst-x")
         assert set(instance.shard_assignments.node_to_runner) == {"n2"}
         with pytest.raises(PlacementError):
-            planner.place(PlacementRequest(model=card, excluded_nodes=("n1", "n2")),
-                          self.state_with("n1", "n2"), nodes, "inst-y")
+            planner.place(
+                PlacementRequest(model=card, excluded_nodes=("n1", "n2")), self.state_with("n1", "n2"), nodes, "inst-y"
+            )
 
     def test_min_nodes_beyond_the_cluster_is_a_placement_error(self, planner: Any, card: ModelCard) -> None:
         nodes = {"n1": self.capacity("n1")}
@@ -610,8 +653,9 @@ class TransportConformance:
 
     @pytest.fixture
     def transport(self) -> Any:
-        raise NotImplementedError("subclass TransportConformance and provide a `transport` fixture "
-                                  "returning a fresh, unstarted instance")
+        raise NotImplementedError(
+            "subclass TransportConformance and provide a `transport` fixture returning a fresh, unstarted instance"
+        )
 
     @pytest.fixture
     def transport_options(self, tmp_path: Path) -> dict[str, Any]:
@@ -704,8 +748,9 @@ class TransportConformance:
         if not hasattr(started, "request"):
             pytest.skip("this transport has no request/serve")
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(started.request("conformance-nobody", Topic.STATE_SYNC, b"q", timeout=0.5),
-                                   self.delivery_timeout_s + 5)
+            await asyncio.wait_for(
+                started.request("conformance-nobody", Topic.STATE_SYNC, b"q", timeout=0.5), self.delivery_timeout_s + 5
+            )
 
 
 # ============================== elections ========================================================
@@ -741,8 +786,7 @@ class ElectionConformance:
         try:
             deadline = time.monotonic() + self.election_timeout_s
             while lone_node.node_id not in changes:
-                assert time.monotonic() < deadline, (
-                    f"no self-election in {self.election_timeout_s}s: {changes}")
+                assert time.monotonic() < deadline, f"no self-election in {self.election_timeout_s}s: {changes}"
                 await asyncio.sleep(0.02)
             assert all(c is None or isinstance(c, str) for c in changes)
         finally:
@@ -768,7 +812,7 @@ class ApiAdapterConformance:
         return [item async for item in stream]
 
     @staticmethod
-    async def _chunks(*chunks: _Chunk) -> AsyncIterator[_Chunk]:
+    async def _chunks(*chunks: Chunk) -> AsyncIterator[Chunk]:
         for chunk in chunks:
             yield chunk
 
@@ -782,12 +826,19 @@ class ApiAdapterConformance:
         assert params.messages and params.model_id
 
     async def test_chunks_become_bytes(self, adapter: Any) -> None:
-        stream = adapter.stream(self._chunks(
-            TokenChunk(command_id="c", seq=0, text="Hello"),
-            TokenChunk(command_id="c", seq=1, text=" world"),
-            TokenChunk(command_id="c", seq=2, text="", finish_reason="stop",
-                       usage=Usage(prompt_tokens=3, completion_tokens=2)),
-        ))
+        stream = adapter.stream(
+            self._chunks(
+                TokenChunk(command_id="c", seq=0, text="Hello"),
+                TokenChunk(command_id="c", seq=1, text=" world"),
+                TokenChunk(
+                    command_id="c",
+                    seq=2,
+                    text="",
+                    finish_reason="stop",
+                    usage=Usage(prompt_tokens=3, completion_tokens=2),
+                ),
+            )
+        )
         out = await asyncio.wait_for(self._drain(stream), 10)
         assert out and all(isinstance(item, bytes) for item in out)
         body = b"".join(out)
@@ -812,9 +863,9 @@ class InferenceMiddlewareConformance:
     @pytest.fixture
     def command(self) -> Any:
         return TextGeneration(
-            command_id="conformance-command", owner_node_id="conformance-node",
-            params=TextGenerationParams(model_id="skulk/echo",
-                                        messages=(ChatMessage(role="user", content="hello"),)),
+            command_id="conformance-command",
+            owner_node_id="conformance-node",
+            params=TextGenerationParams(model_id="skulk/echo", messages=(ChatMessage(role="user", content="hello"),)),
         )
 
     def test_declares_the_middleware_contract(self, middleware: Any) -> None:
@@ -826,7 +877,9 @@ class InferenceMiddlewareConformance:
         assert out.command_id == command.command_id, "transform must keep the command id"
 
     def test_observe_accepts_every_chunk(self, middleware: Any, command: Any) -> None:
-        for chunk in (TokenChunk(command_id=command.command_id, seq=0, text="hi"),
-                      TokenChunk(command_id=command.command_id, seq=1, text="", finish_reason="stop"),
-                      ErrorChunk(command_id=command.command_id, seq=2, message="x")):
+        for chunk in (
+            TokenChunk(command_id=command.command_id, seq=0, text="hi"),
+            TokenChunk(command_id=command.command_id, seq=1, text="", finish_reason="stop"),
+            ErrorChunk(command_id=command.command_id, seq=2, message="x"),
+        ):
             assert middleware.observe(command, chunk) is None

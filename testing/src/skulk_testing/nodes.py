@@ -46,11 +46,21 @@ class NodeProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_path = self.home / "node.log"
         env = {**os.environ, "SKULK_HOME": str(self.home), "HF_HUB_OFFLINE": "1", **self.env}
-        cmd = [sys.executable, "-m", "skulk_kernel.cli", "run", "--profile", self.profile,
-               "--api-port", str(self.api_port), "--api-host", "127.0.0.1", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "skulk_kernel.cli",
+            "run",
+            "--profile",
+            self.profile,
+            "--api-port",
+            str(self.api_port),
+            "--api-host",
+            "127.0.0.1",
+            *self.args,
+        ]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     def log(self) -> str:
@@ -66,8 +76,9 @@ class NodeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode} while waiting for {what}:\n"
-                                   f"{self.log()[-4000:]}")
+                raise RuntimeError(
+                    f"node exited with {self.proc.returncode} while waiting for {what}:\n{self.log()[-4000:]}"
+                )
             try:
                 if check():
                     return
@@ -97,8 +108,7 @@ class NodeProcess:
         return ready
 
     def wait_ready(self, model_id: str | None = None, timeout: float = 120) -> NodeProcess:
-        self.wait_until(lambda: bool(self.ready_instances(model_id)), timeout,
-                        f"a ready instance of {model_id}")
+        self.wait_until(lambda: bool(self.ready_instances(model_id)), timeout, f"a ready instance of {model_id}")
         return self
 
     def pid(self) -> int:
@@ -129,10 +139,16 @@ class NodeProcess:
             pass
 
 
-def start_node(profile: str, *args: str, home: Path | None = None, env: dict[str, str] | None = None,
-               api_port: int | None = None) -> NodeProcess:
-    node = NodeProcess(profile=profile, home=home or Path(tempfile.mkdtemp(prefix="skulk-node-")),
-                       api_port=api_port or free_port(), args=args, env=env or {})
+def start_node(
+    profile: str, *args: str, home: Path | None = None, env: dict[str, str] | None = None, api_port: int | None = None
+) -> NodeProcess:
+    node = NodeProcess(
+        profile=profile,
+        home=home or Path(tempfile.mkdtemp(prefix="skulk-node-")),
+        api_port=api_port or free_port(),
+        args=args,
+        env=env or {},
+    )
     return node.start()
 
 
@@ -143,8 +159,8 @@ async def in_process_node(profile: Any, *, home: Path, pm: Any = None, **options
     profile: a Profile, a bundled profile name or .toml path, or a sequence of plugin names.
     options: NodeOptions fields; the API is off unless `no_api=False` is passed.
     """
+    from skulk_kernel.api import Profile, load_profile
     from skulk_kernel.node import Node, NodeOptions
-    from skulk_kernel.profiles import Profile, load_profile
 
     if isinstance(profile, (str, Path)):
         profile = load_profile(profile)

@@ -19,7 +19,7 @@ from .nodes import NodeProcess, start_node  # noqa: E402
 @pytest.fixture
 def plugin_manager() -> pluggy.PluginManager:
     """A fresh plugin manager with the kernel's hookspecs and defaults, nothing else."""
-    from skulk_kernel.plugins import new_plugin_manager
+    from skulk_kernel.api import new_plugin_manager
 
     return new_plugin_manager()
 
@@ -27,7 +27,7 @@ def plugin_manager() -> pluggy.PluginManager:
 @pytest.fixture
 def register_plugin(plugin_manager: pluggy.PluginManager) -> Iterator[Callable[[Any, str], None]]:
     """Register a plugin object (module, class instance) for the duration of one test."""
-    from skulk_kernel.plugins import register_plugin as _register
+    from skulk_kernel.api import register_plugin as _register
 
     names: list[str] = []
 

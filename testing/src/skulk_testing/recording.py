@@ -63,8 +63,10 @@ class RecordingPlugin:
     def _make(self, name: str) -> Any:
         args = hookspec_argnames(name)
         # A real function with the spec's argument names: pluggy passes exactly those.
-        source = (f"def {name}({', '.join(args)}):\n"
-                  f"    return _record({name!r}, {{{', '.join(f'{a!r}: {a}' for a in args)}}})\n")
+        source = (
+            f"def {name}({', '.join(args)}):\n"
+            f"    return _record({name!r}, {{{', '.join(f'{a!r}: {a}' for a in args)}}})\n"
+        )
         namespace: dict[str, Any] = {"_record": self._record}
         exec(source, namespace)
         return namespace[name]

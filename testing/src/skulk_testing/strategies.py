@@ -7,7 +7,7 @@ tagged unions built by `skulk_kernel.wire.tagged_union`. Field constraints (``ge
 ``lt``, ``min_length``, ``max_length``) are respected so generated models construct.
 
     from skulk_testing.strategies import StrategyBuilder, strategy_for
-    from skulk_kernel.events import Event
+    from skulk_kernel.api import Event
 
     events = strategy_for(Event)                       # any event, every member reachable
 
@@ -73,8 +73,14 @@ class Bounds:
             elif isinstance(item, at.Len):
                 values["min_length"] = item.min_length
                 values["max_length"] = item.max_length
-            for key, kind in (("ge", at.Ge), ("gt", at.Gt), ("le", at.Le), ("lt", at.Lt),
-                              ("min_length", at.MinLen), ("max_length", at.MaxLen)):
+            for key, kind in (
+                ("ge", at.Ge),
+                ("gt", at.Gt),
+                ("le", at.Le),
+                ("lt", at.Lt),
+                ("min_length", at.MinLen),
+                ("max_length", at.MaxLen),
+            ):
                 if isinstance(item, kind):
                     values[key] = getattr(item, key)
         return Bounds(**values)
@@ -123,14 +129,25 @@ class StrategyBuilder:
     max_size: the largest tuple/list/dict generated anywhere (keeps examples fast).
     """
 
-    def __init__(self, *, ids: Sequence[str] | None = None, max_size: int = 3,
-                 text: st.SearchStrategy[str] | None = None,
-                 datetimes: st.SearchStrategy[dt.datetime] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ids: Sequence[str] | None = None,
+        max_size: int = 3,
+        text: st.SearchStrategy[str] | None = None,
+        datetimes: st.SearchStrategy[dt.datetime] | None = None,
+    ) -> None:
         self.max_size = max_size
         self._text = text if text is not None else st.text(max_size=12)
         self._ids = st.sampled_from(list(ids)) if ids else st.text(min_size=1, max_size=10)
-        self._datetimes = datetimes if datetimes is not None else st.datetimes(
-            min_value=dt.datetime(2000, 1, 1), max_value=dt.datetime(2100, 1, 1), timezones=st.just(UTC),
+        self._datetimes = (
+            datetimes
+            if datetimes is not None
+            else st.datetimes(
+                min_value=dt.datetime(2000, 1, 1),
+                max_value=dt.datetime(2100, 1, 1),
+                timezones=st.just(UTC),
+            )
         )
         self._registered: dict[Any, st.SearchStrategy[Any]] = {}
         self._models: dict[type[BaseModel], st.SearchStrategy[Any]] = {}
@@ -207,8 +224,9 @@ class StrategyBuilder:
             return st.dictionaries(keys, values, min_size=lo, max_size=hi)
         if isinstance(tp, type):
             return self._build_class(tp, bounds)
-        raise TypeError(f"skulk_testing.strategies cannot build values for {tp!r}; "
-                        f"register one with StrategyBuilder.register()")
+        raise TypeError(
+            f"skulk_testing.strategies cannot build values for {tp!r}; register one with StrategyBuilder.register()"
+        )
 
     def _build_class(self, tp: type, bounds: Bounds) -> st.SearchStrategy[Any]:
         if issubclass(tp, BaseModel):
@@ -227,7 +245,8 @@ class StrategyBuilder:
                 max_value=bounds.le if bounds.le is not None else bounds.lt,
                 exclude_min=bounds.ge is None and bounds.gt is not None,
                 exclude_max=bounds.le is None and bounds.lt is not None,
-                allow_nan=False, allow_infinity=False,
+                allow_nan=False,
+                allow_infinity=False,
             )
         if tp is str:
             if bounds.min_length or bounds.max_length is not None:
@@ -240,16 +259,18 @@ class StrategyBuilder:
             return self._datetimes
         if tp is dt.date:
             return st.dates()
-        raise TypeError(f"skulk_testing.strategies cannot build values for {tp!r}; "
-                        f"register one with StrategyBuilder.register()")
+        raise TypeError(
+            f"skulk_testing.strategies cannot build values for {tp!r}; register one with StrategyBuilder.register()"
+        )
 
     def _size_range(self, bounds: Bounds, default_max: int | None = None) -> tuple[int, int]:
         lo = bounds.min_length or 0
         hi = bounds.max_length if bounds.max_length is not None else max(lo, default_max or self.max_size)
         return lo, min(hi, lo + (default_max or self.max_size))
 
-    def _sized(self, kind: Callable[..., st.SearchStrategy[Any]], elements: st.SearchStrategy[Any],
-               bounds: Bounds) -> st.SearchStrategy[Any]:
+    def _sized(
+        self, kind: Callable[..., st.SearchStrategy[Any]], elements: st.SearchStrategy[Any], bounds: Bounds
+    ) -> st.SearchStrategy[Any]:
         lo, hi = self._size_range(bounds)
         return kind(elements, min_size=lo, max_size=hi)
 
@@ -272,21 +293,26 @@ def strategy_for(tp: Any, metadata: Iterable[Any] = ()) -> st.SearchStrategy[Any
 
 def events(builder: StrategyBuilder | None = None) -> st.SearchStrategy[Any]:
     """Any kernel Event (every member of `skulk_kernel.events.Event` is reachable)."""
-    from skulk_kernel.events import Event
+    from skulk_kernel.api import Event
 
     return (builder or _DEFAULT).strategy_for(Event)
 
 
 @st.composite
-def indexed_logs(draw: st.DrawFn, builder: StrategyBuilder | None = None, max_size: int = 15,
-                 origins: Sequence[str] = ("node-a", "node-b")) -> list[Any]:
+def indexed_logs(
+    draw: st.DrawFn,
+    builder: StrategyBuilder | None = None,
+    max_size: int = 15,
+    origins: Sequence[str] = ("node-a", "node-b"),
+) -> list[Any]:
     """A well-formed log: IndexedEvents with idx 0..n-1 and non-decreasing timestamps."""
-    from skulk_kernel.events import IndexedEvent
+    from skulk_kernel.api import IndexedEvent
 
     builder = builder or StrategyBuilder(ids=["a", "b", "c"])
     evs = draw(st.lists(events(builder), max_size=max_size))
-    start = draw(st.datetimes(min_value=dt.datetime(2020, 1, 1), max_value=dt.datetime(2030, 1, 1),
-                              timezones=st.just(UTC)))
+    start = draw(
+        st.datetimes(min_value=dt.datetime(2020, 1, 1), max_value=dt.datetime(2030, 1, 1), timezones=st.just(UTC))
+    )
     log = []
     for idx, event in enumerate(evs):
         at_ = start + dt.timedelta(milliseconds=draw(st.integers(0, 5000)) + idx)

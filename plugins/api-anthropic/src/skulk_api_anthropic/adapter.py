@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from skulk_kernel.ids import new_id
-from skulk_kernel.tasks import TextGenerationParams, _Chunk
+from skulk_kernel.api import Chunk, TextGenerationParams, new_id
 
 from .messages import MessageStreamEncoder
 from .requests import estimate_tokens, parse_messages_request
@@ -24,7 +23,7 @@ class AnthropicAdapter:
         return parse_messages_request(body).params
 
     async def stream(
-        self, chunks: AsyncIterator[_Chunk], params: TextGenerationParams | None = None
+        self, chunks: AsyncIterator[Chunk], params: TextGenerationParams | None = None
     ) -> AsyncIterator[bytes]:
         """Chunks -> the SSE bytes of a streamed message, message_start to message_stop."""
         encoder = MessageStreamEncoder(

@@ -25,7 +25,7 @@ from typing import Any
 
 from skulk_api_control import wire_common
 from skulk_api_control.wire_common import GENERATION_FAILED, error_status, token_counts, tool_arguments
-from skulk_kernel.tasks import ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -141,7 +141,7 @@ class Collected(wire_common.Collected):
             self.blocks.append({"type": "text", "text": text, "citations": None})
 
 
-async def collect(chunks: AsyncIterator[_Chunk]) -> Collected:
+async def collect(chunks: AsyncIterator[Chunk]) -> Collected:
     return await wire_common.collect(Collected(), chunks)
 
 
@@ -281,7 +281,7 @@ class MessageStreamEncoder:
             + sse("message_stop", {"type": "message_stop"})
         )
 
-    async def events(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         """Everything after message_start, ending with message_stop (or an error event)."""
         async for chunk in chunks:
             if isinstance(chunk, ErrorChunk):

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 PLUGIN = "api-anthropic"
 
@@ -29,7 +30,7 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 
 @hookimpl
-def register_api_routes(app: Any, node: Any) -> None:
+def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .routes import add_anthropic_routes
 
     config = node.plugin_config(PLUGIN) or AnthropicConfig()

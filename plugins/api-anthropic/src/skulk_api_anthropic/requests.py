@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 from skulk_api_control import requests_common
 from skulk_api_control.requests_common import StrictBody as _In
 from skulk_api_control.requests_common import invalid_field, validate
-from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
+from skulk_kernel.api import ChatMessage, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
 
 
 class RequestError(requests_common.RequestError):

@@ -1,6 +1,6 @@
 """The Anthropic routes: Messages (JSON and SSE), count_tokens, models.
 
-Every inference goes through the kernel's one dispatch path (`skulk_kernel.inference.generate`);
+Every inference goes through the API host's one dispatch path (`skulk_api_control.dispatch.generate`);
 this module only reads the request, picks the HTTP answer and hands chunks to the wire encoders.
 
 Errors known before the first byte (bad body, unknown model, no instance, context overflow, a first
@@ -31,11 +31,10 @@ from skulk_api_control.adapter_routes import (
     read_json,
     stream_body,
 )
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, generate
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import error_status
-from skulk_kernel.ids import new_id
-from skulk_kernel.inference import InferenceError, InferenceHandle, generate
-from skulk_kernel.tasks import ErrorChunk
+from skulk_kernel.api import ErrorChunk, NodeSurface, new_id
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import messages
@@ -94,7 +93,7 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> None:
+def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 10.0) -> None:
     app.add_middleware(AnthropicModelsDispatch)
 
     def canonical(ref: str) -> str:
@@ -249,9 +248,7 @@ def add_anthropic_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) 
         return anthropic_error(404, f"model: {model_id!r} is not known to this cluster")
 
 
-def _message_sse(
-    dispatch: Dispatch, encoder: messages.MessageStreamEncoder, keepalive_s: float
-) -> AsyncIterator[str]:
+def _message_sse(dispatch: Dispatch, encoder: messages.MessageStreamEncoder, keepalive_s: float) -> AsyncIterator[str]:
     """The SSE body: message_start (and pings while the first chunk is awaited), then the events."""
 
     def failed(exc: InferenceError) -> str:

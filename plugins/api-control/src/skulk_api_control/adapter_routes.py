@@ -26,12 +26,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass
 from typing import Any
 
-from skulk_kernel.inference import InferenceError, InferenceHandle, catalog, resolve_card
-from skulk_kernel.models import ModelCard
-from skulk_kernel.tasks import ErrorChunk
+from skulk_kernel.api import ErrorChunk, ModelCard, NodeSurface, catalog, resolve_card
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .dispatch import InferenceError, InferenceHandle
 from .requests_common import RequestError, parse_json_object
 from .streaming import BodyTooLarge, ClientGone, Dispatch, InferenceStreamResponse, read_body
 
@@ -149,7 +148,7 @@ async def stream_body(
         await dispatch.close()
 
 
-def cards(node: Any) -> dict[str, ModelCard]:
+def cards(node: NodeSurface) -> dict[str, ModelCard]:
     """The node's catalog, or none when it cannot be read (a model list must still answer)."""
     try:
         return catalog(node)
@@ -157,7 +156,7 @@ def cards(node: Any) -> dict[str, ModelCard]:
         return {}
 
 
-def canonical_model(node: Any, ref: str) -> str:
+def canonical_model(node: NodeSurface, ref: str) -> str:
     """The model id `ref` resolves to, or `ref` itself when it resolves to none."""
     try:
         card = resolve_card(node, ref)
@@ -166,7 +165,7 @@ def canonical_model(node: Any, ref: str) -> str:
     return card.model_id if card is not None else ref
 
 
-def listed_model_ids(node: Any, known: Mapping[str, Any]) -> list[str]:
+def listed_model_ids(node: NodeSurface, known: Mapping[str, Any]) -> list[str]:
     """Models with a running instance first (in placement order), then the rest of `known`, sorted."""
     ids: list[str] = []
     for inst in list(node.state.instances.values()):

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 
 @hookimpl
-def register_api_routes(app: Any, node: Any) -> None:
+def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .dashboard import add_dashboard_routes
     from .routes import add_control_routes
 
@@ -21,14 +22,14 @@ def register_api_routes(app: Any, node: Any) -> None:
 
 
 @hookimpl
-def on_event_applied(node: Any, event: Any) -> None:
+def on_event_applied(node: NodeSurface, event: Any) -> None:
     recent = node.extensions.get("api-control.events")
     if recent is not None:
         recent.events.append(event)
 
 
 @hookimpl
-async def startup(node: Any) -> None:
+async def startup(node: NodeSurface) -> None:
     if node.options.no_api:
         return
     from .server import serve
@@ -41,7 +42,7 @@ async def startup(node: Any) -> None:
 
 
 @hookimpl
-async def shutdown(node: Any) -> None:
+async def shutdown(node: NodeSurface) -> None:
     server = node.extensions.pop("api-control.server", None)
     if server is not None:
         await server.stop()

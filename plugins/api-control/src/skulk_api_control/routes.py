@@ -13,19 +13,23 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
-from skulk_kernel.commands import (
+from skulk_kernel.api import (
+    CancelTask,
+    CommandId,
     CreateInstance,
     DeleteInstance,
+    Instance,
+    InstanceId,
+    NodeSurface,
     PlaceInstance,
+    PlacementError,
     SetTracingEnabled,
-    TaskCancelled,
+    new_id,
+    plan_placement,
+    resolve_card,
 )
-from skulk_kernel.contracts import PlacementError
-from skulk_kernel.ids import CommandId, new_id
-from skulk_kernel.inference import resolve_card
-from skulk_kernel.instances import Instance
-from skulk_kernel.placement import plan_placement
 
+from .reference_wire import from_reference, instance_meta_error, to_reference
 from .state_view import state_view
 
 RECENT_EVENTS = 2000
@@ -34,9 +38,18 @@ _INSTANCE = TypeAdapter(Instance)
 
 def error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
     headers = {"x-should-retry": "false"} if status < 500 else {}
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500
-                                   else "server_error", "param": param, "code": code}},
-                        status_code=status, headers=headers)
+    return JSONResponse(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if status < 500 else "server_error",
+                "param": param,
+                "code": code,
+            }
+        },
+        status_code=status,
+        headers=headers,
+    )
 
 
 class RecentEvents:
@@ -47,11 +60,13 @@ class RecentEvents:
 
 
 def _placement_body(body: dict[str, Any]) -> PlaceInstance:
+    """The PlaceInstance a /place_instance body asks for; ValueError names a bad `instance_meta`."""
+    if (why := instance_meta_error(body.get("instance_meta"))) is not None:
+        raise ValueError(why)
     data = {
         "command_id": new_id(),
         "model_id": body.get("model_id"),
         "sharding": body.get("sharding", "Pipeline"),
-        "instance_meta": body.get("instance_meta", "MlxRing"),
         "min_nodes": body.get("min_nodes", 1),
         "excluded_nodes": tuple(body.get("excluded_nodes") or ()),
     }
@@ -75,7 +90,7 @@ async def json_body(request: Request) -> dict[str, Any] | JSONResponse:
     return body
 
 
-def add_control_routes(app: Any, node: Any) -> None:
+def add_control_routes(app: Any, node: NodeSurface) -> None:
     recent = node.extensions.setdefault("api-control.events", RecentEvents())
 
     @app.get("/node_id")
@@ -88,7 +103,7 @@ def add_control_routes(app: Any, node: Any) -> None:
 
     @app.get("/events")
     async def get_events(since: int = -1, limit: int = 500) -> dict[str, Any]:
-        events = [e.wire() for e in recent.events if e.idx > since][: max(1, min(limit, RECENT_EVENTS))]
+        events = [to_reference(e.wire()) for e in recent.events if e.idx > since][: max(1, min(limit, RECENT_EVENTS))]
         return {"events": events, "lastEventAppliedIdx": node.state.last_event_applied_idx}
 
     async def _preview(command: PlaceInstance) -> tuple[Any, JSONResponse | None]:
@@ -106,17 +121,25 @@ def add_control_routes(app: Any, node: Any) -> None:
             return error(400, "model_id is required (GET /models lists them)", "missing_model_id", "model_id")
         try:
             command = _placement_body(body)
-        except ValidationError as exc:
+        except ValidationError as exc:  # (a ValueError too: caught first)
             message, where = _validation_message(exc)
             return error(400, message, "invalid_placement", where)
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_instance_meta", "instance_meta")
         _instance, failure = await _preview(command)
         if failure is not None:
             return failure
         card = resolve_card(node, command.model_id)
+        if card is None:  # the preview resolved it a moment ago: the catalog changed under us
+            return error(404, f"model {command.model_id!r} is not in the catalog", "model_not_found", "model_id")
         command = command.model_copy(update={"model_id": card.model_id})
         await node.submit(command)
-        return {"message": f"placing {card.model_id}", "command_id": command.command_id,
-                "instance_id": command.command_id, "model_card": card.wire()}
+        return {
+            "message": f"placing {card.model_id}",
+            "command_id": command.command_id,
+            "instance_id": command.command_id,
+            "model_card": card.wire(),
+        }
 
     @app.post("/instance")
     async def create_instance(request: Request) -> Any:
@@ -124,31 +147,41 @@ def add_control_routes(app: Any, node: Any) -> None:
         if isinstance(body, JSONResponse):
             return body
         try:
-            instance = _INSTANCE.validate_python(body.get("instance", body))
+            instance = _INSTANCE.validate_python(from_reference(body.get("instance", body)))
         except ValidationError as exc:
             message, where = _validation_message(exc)
             return error(400, f"instance: {message}", "invalid_instance", where)
         command = CreateInstance(command_id=CommandId(new_id()), instance=instance)
         await node.submit(command)
-        return {"message": "instance submitted", "command_id": command.command_id,
-                "instance_id": instance.instance_id}
+        return {"message": "instance submitted", "command_id": command.command_id, "instance_id": instance.instance_id}
 
     def _previews_for(model_id: str, excluded: tuple[str, ...]) -> list[dict[str, Any]]:
         out = []
         width = max(1, len(node.state.topology.nodes))
         for sharding in ("Pipeline", "Tensor"):
             for min_nodes in range(1, width + 1):
-                command = PlaceInstance(command_id=CommandId(new_id()), model_id=model_id, sharding=sharding,
-                                        min_nodes=min_nodes, excluded_nodes=excluded)
-                entry: dict[str, Any] = {"model_id": model_id, "sharding": sharding, "instance_meta": "MlxRing",
-                                         "min_nodes": min_nodes, "instance": None, "memory_delta_by_node": {},
-                                         "error": None}
+                command = PlaceInstance(
+                    command_id=CommandId(new_id()),
+                    model_id=model_id,
+                    sharding=sharding,
+                    min_nodes=min_nodes,
+                    excluded_nodes=excluded,
+                )
+                entry: dict[str, Any] = {
+                    "model_id": model_id,
+                    "sharding": sharding,
+                    "instance_meta": "MlxRing",
+                    "min_nodes": min_nodes,
+                    "instance": None,
+                    "memory_delta_by_node": {},
+                    "error": None,
+                }
                 try:
                     instance = plan_placement(node, command)
                 except PlacementError as exc:
                     entry["error"] = exc.message
                 else:
-                    entry["instance"] = instance.wire()
+                    entry["instance"] = to_reference(instance.wire())
                     card = resolve_card(node, model_id)
                     for nid, rid in instance.shard_assignments.node_to_runner.items():
                         shard = instance.shard_assignments.runner_to_shard[rid]
@@ -159,30 +192,37 @@ def add_control_routes(app: Any, node: Any) -> None:
 
     @app.get("/instance/previews")
     async def previews(model_id: str, excluded_node_ids: str = "") -> Any:
-        if resolve_card(node, model_id) is None:
+        card = resolve_card(node, model_id)
+        if card is None:
             return error(404, f"model {model_id!r} is not in the catalog", "model_not_found", "model_id")
         excluded = tuple(n for n in excluded_node_ids.split(",") if n)
-        return {"previews": _previews_for(resolve_card(node, model_id).model_id, excluded)}
+        return {"previews": _previews_for(card.model_id, excluded)}
 
     @app.get("/instance/placement")
-    async def placement(model_id: str, sharding: str = "Pipeline", instance_meta: str = "MlxRing",
-                        min_nodes: int = 1) -> Any:
+    async def placement(
+        model_id: str, sharding: str = "Pipeline", instance_meta: str = "MlxRing", min_nodes: int = 1
+    ) -> Any:
         try:
-            command = _placement_body({"model_id": model_id, "sharding": sharding,
-                                       "instance_meta": instance_meta, "min_nodes": min_nodes})
-        except ValidationError as exc:
+            command = _placement_body(
+                {"model_id": model_id, "sharding": sharding, "instance_meta": instance_meta, "min_nodes": min_nodes}
+            )
+        except ValidationError as exc:  # (a ValueError too: caught first)
             return error(400, _validation_message(exc)[0], "invalid_placement")
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_instance_meta", "instance_meta")
         instance, failure = await _preview(command)
-        return failure if failure is not None else {"instance": instance.wire()}
+        return failure if failure is not None else {"instance": to_reference(instance.wire())}
 
     @app.get("/instance/{instance_id}")
     async def get_instance(instance_id: str) -> Any:
-        inst = node.state.instances.get(instance_id)
+        inst = node.state.instances.get(InstanceId(instance_id))
         if inst is None:
             return error(404, f"no instance {instance_id!r} (GET /state lists them)", "instance_not_found")
         runners = {rid: node.state.runners.get(rid) for rid in inst.shard_assignments.runner_to_shard}
-        return {"instance": inst.wire(),
-                "runners": {rid: (s.wire() if s is not None else None) for rid, s in runners.items()}}
+        return {
+            "instance": to_reference(inst.wire()),
+            "runners": {rid: (s.wire() if s is not None else None) for rid, s in runners.items()},
+        }
 
     @app.delete("/instance/{instance_id}")
     async def delete_instance(instance_id: str) -> Any:
@@ -194,15 +234,18 @@ def add_control_routes(app: Any, node: Any) -> None:
             await node.wait_for(lambda s: instance_id not in s.instances, 15)
         except TimeoutError:
             return error(503, "the master did not confirm the deletion in time; retry", "not_confirmed")
-        return {"message": f"deleted instance {instance_id}", "command_id": command.command_id,
-                "instance_id": instance_id}
+        return {
+            "message": f"deleted instance {instance_id}",
+            "command_id": command.command_id,
+            "instance_id": instance_id,
+        }
 
     @app.post("/v1/cancel/{command_id}")
     async def cancel(command_id: str) -> Any:
         known = command_id in node.state.tasks or command_id in node.streams.open_ids()
         if not known:
             return error(404, f"no running request with command id {command_id!r}", "command_not_found")
-        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command_id))
+        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command_id))
         return {"message": "cancel requested", "command_id": command_id}
 
     @app.get("/v1/tracing")
@@ -215,7 +258,7 @@ def add_control_routes(app: Any, node: Any) -> None:
         if isinstance(body, JSONResponse):
             return body
         if not isinstance(body.get("enabled"), bool):
-            return error(400, "body must be {\"enabled\": true|false}", param="enabled")
+            return error(400, 'body must be {"enabled": true|false}', param="enabled")
         await node.submit(SetTracingEnabled(command_id=CommandId(new_id()), enabled=body["enabled"]))
         await node.wait_for(lambda s: s.tracing_enabled == body["enabled"], 10)
         return {"enabled": body["enabled"]}
@@ -229,21 +272,29 @@ def add_control_routes(app: Any, node: Any) -> None:
         for nid in members:
             heard = node.readings.last_heard(nid)
             identity = view["nodeIdentities"].get(nid, {})
-            hosted = [iid for iid, inst in node.state.instances.items()
-                      if nid in inst.shard_assignments.node_to_runner]
-            nodes.append({
-                "nodeId": nid, "friendlyName": identity.get("friendlyName"),
-                "skulkVersion": identity.get("skulkVersion"), "isMaster": nid == node.master_id,
-                "inTopology": nid in node.state.topology.nodes, "reachable": nid in node.reachable_nodes(),
-                "lastHeardS": None if heard is None else round(heard, 2),
-                "health": view["nodeHealth"].get(nid), "instances": hosted,
-                "backends": view["nodeResources"].get(nid, {}).get("backends", []),
-                "ramAvailable": view["nodeMemory"].get(nid, {}).get("ramAvailable", {}).get("inBytes"),
-            })
+            hosted = [iid for iid, inst in node.state.instances.items() if nid in inst.shard_assignments.node_to_runner]
+            nodes.append(
+                {
+                    "nodeId": nid,
+                    "friendlyName": identity.get("friendlyName"),
+                    "skulkVersion": identity.get("skulkVersion"),
+                    "isMaster": nid == node.master_id,
+                    "inTopology": nid in node.state.topology.nodes,
+                    "reachable": nid in node.reachable_nodes(),
+                    "lastHeardS": None if heard is None else round(heard, 2),
+                    "health": view["nodeHealth"].get(nid),
+                    "instances": hosted,
+                    "backends": view["nodeResources"].get(nid, {}).get("backends", []),
+                    "ramAvailable": view["nodeMemory"].get(nid, {}).get("ramAvailable", {}).get("inBytes"),
+                }
+            )
         return {
-            "observerNodeId": node.node_id, "masterNodeId": node.master_id,
-            "lastEventAppliedIdx": node.state.last_event_applied_idx, "stateHash": node.state.state_hash(),
-            "nodes": nodes, "connections": [c.wire() for c in node.state.topology.connections],
+            "observerNodeId": node.node_id,
+            "masterNodeId": node.master_id,
+            "lastEventAppliedIdx": node.state.last_event_applied_idx,
+            "stateHash": node.state.state_hash(),
+            "nodes": nodes,
+            "connections": [c.wire() for c in node.state.topology.connections],
             "instanceFailures": [f.wire() for f in node.state.instance_failures[-20:]],
         }
 
@@ -258,9 +309,10 @@ def add_control_routes(app: Any, node: Any) -> None:
             "hookFailures": [{"hook": h, "plugin": p, "error": e} for h, p, e in node.hooks.failures[-20:]],
             "openStreams": len(node.streams.open_ids()),
             "stateHash": node.state.state_hash(),
-            "transports": {plane: (t.describe() if hasattr(t, "describe") else {"name": t.name})
-                           for plane, t in node.transports.items()},
+            "transports": {
+                plane: (t.describe() if hasattr(t, "describe") else {"name": t.name})
+                for plane, t in node.transports.items()
+            },
             "healthNotes": node.health_notes,
             "lastEventAppliedIdx": node.state.last_event_applied_idx,
         }
-

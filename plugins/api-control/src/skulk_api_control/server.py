@@ -7,12 +7,15 @@ unexpected exception is logged here and answered as a 500 whose message names th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from skulk_kernel.api import NodeSurface
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("skulk.api")
@@ -20,16 +23,23 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 NO_RETRY = {"x-should-retry": "false"}
 
 
-def openai_error(status: int, message: str, *, error_type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> JSONResponse:
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    error_type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
     headers = NO_RETRY if 400 <= status < 500 else {}
     return JSONResponse(
         {"error": {"message": message, "type": error_type, "param": param, "code": code}},
-        status_code=status, headers=headers,
+        status_code=status,
+        headers=headers,
     )
 
 
-def build_app(node: Any) -> FastAPI:
+def build_app(node: NodeSurface) -> FastAPI:
     app = FastAPI(title="Skulk", version=str(node.runtime_info()["skulkVersion"]), docs_url="/docs")
     app.state.node = node
 
@@ -37,8 +47,9 @@ def build_app(node: Any) -> FastAPI:
     async def limit_body(request: Request, call_next: Any) -> Any:
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return openai_error(413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}",
-                                code="request_too_large")
+            return openai_error(
+                413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}", code="request_too_large"
+            )
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -49,14 +60,18 @@ def build_app(node: Any) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return openai_error(exc.status_code, str(exc.detail),
-                            error_type="not_found_error" if exc.status_code == 404 else "invalid_request_error")
+        return openai_error(
+            exc.status_code,
+            str(exc.detail),
+            error_type="not_found_error" if exc.status_code == 404 else "invalid_request_error",
+        )
 
     @app.exception_handler(Exception)
     async def on_crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error serving %s %s", request.method, request.url.path)
-        return openai_error(500, f"internal error serving {request.url.path}: {type(exc).__name__}",
-                            error_type="server_error")
+        return openai_error(
+            500, f"internal error serving {request.url.path}: {type(exc).__name__}", error_type="server_error"
+        )
 
     node.hooks.call("register_api_routes", app=app, node=node)
     return app
@@ -75,21 +90,36 @@ class ApiServer:
             self.task.cancel()
 
 
-async def serve(node: Any) -> ApiServer:
+async def serve(node: NodeSurface) -> ApiServer:
     import uvicorn
 
     app = build_app(node)
-    config = uvicorn.Config(app, host=node.options.api_host, port=node.options.api_port,
-                            log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the node owns signals
+    config = uvicorn.Config(
+        app,
+        host=node.options.api_host,
+        port=node.options.api_port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
+
+    class NodeServer(uvicorn.Server):
+        """The node owns SIGINT/SIGTERM and stops the server itself: uvicorn must not take them."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = NodeServer(config)
 
     async def run() -> None:
         try:
             await server.serve()
         except SystemExit:  # uvicorn exits the process on a bind error; a node must not
-            raise OSError(f"cannot listen on {node.options.api_host}:{node.options.api_port} "
-                          "(address in use? another node may be running: pass --api-port)") from None
+            raise OSError(
+                f"cannot listen on {node.options.api_host}:{node.options.api_port} "
+                "(address in use? another node may be running: pass --api-port)"
+            ) from None
 
     task = node.spawn(run(), "http")
     for _ in range(400):

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from skulk_kernel.telemetry import (
+from skulk_kernel.api import (
     DownloadProgress,
     NodeDisk,
     NodeHeartbeat,
     NodeIdentity,
     NodeMemory,
     NodeResources,
+    NodeSurface,
     NodeSystem,
 )
+
+from .reference_wire import to_reference
 
 LOW_DISK_BYTES = 2 * 1024**3
 HEARTBEAT_WARN_S = 10.0
@@ -27,46 +30,71 @@ def _inner(reading: Any) -> dict[str, Any]:
     return next(iter(reading.wire().values()))
 
 
-def node_health(node: Any, node_id: str, state: Any) -> dict[str, Any]:
+def node_health(node: NodeSurface, node_id: str, state: Any) -> dict[str, Any]:
     reasons = []
     beat = node.readings.get(NodeHeartbeat, node_id)
     if node_id != node.node_id and (beat is None or beat.age_s > HEARTBEAT_WARN_S):
         age = "never" if beat is None else f"{beat.age_s:.0f}s ago"
-        reasons.append({"level": "warn", "message": f"last heartbeat {age}",
-                        "remediation": "check the node is running and reachable; it is pruned after the timeout"})
+        reasons.append(
+            {
+                "level": "warn",
+                "message": f"last heartbeat {age}",
+                "remediation": "check the node is running and reachable; it is pruned after the timeout",
+            }
+        )
     disk = node.readings.get(NodeDisk, node_id)
     if disk is not None and disk.reading.free_bytes < LOW_DISK_BYTES:
         level = "error" if disk.reading.free_bytes < 256 * 1024**2 else "warn"
-        reasons.append({"level": level, "message": f"models disk has {disk.reading.free_bytes / 1024**3:.1f} GiB free",
-                        "remediation": f"free space in {disk.reading.models_dir} or set SKULK_MODELS_DIR"})
+        reasons.append(
+            {
+                "level": level,
+                "message": f"models disk has {disk.reading.free_bytes / 1024**3:.1f} GiB free",
+                "remediation": f"free space in {disk.reading.models_dir} or set SKULK_MODELS_DIR",
+            }
+        )
     for model_id, status in state.downloads.get(node_id, {}).items():
         if type(status).__name__ == "DownloadFailedStatus":
-            reasons.append({"level": "error", "message": f"download of {model_id} failed: {status.error_message}",
-                            "remediation": "fix the cause (disk, network) and place the model again"})
+            reasons.append(
+                {
+                    "level": "error",
+                    "message": f"download of {model_id} failed: {status.error_message}",
+                    "remediation": "fix the cause (disk, network) and place the model again",
+                }
+            )
     if node_id == node.node_id:
         log_status = node.event_log.status() if node.is_master else None
         if log_status is not None and log_status.mode != "persisting":
-            reasons.append({"level": "warn", "message": f"event log is counting-only: {log_status.reason}",
-                            "remediation": "free disk space under SKULK_HOME and restart the node"})
+            reasons.append(
+                {
+                    "level": "warn",
+                    "message": f"event log is counting-only: {log_status.reason}",
+                    "remediation": "free disk space under SKULK_HOME and restart the node",
+                }
+            )
         for plugin, note in node.health_notes.items():  # plugin-reported conditions (e.g. version mismatch)
-            reasons.append({"level": "warn", "message": f"{plugin}: {note}",
-                            "remediation": "see GET /v1/diagnostics/node"})
+            reasons.append(
+                {"level": "warn", "message": f"{plugin}: {note}", "remediation": "see GET /v1/diagnostics/node"}
+            )
     level = "error" if any(r["level"] == "error" for r in reasons) else "warn" if reasons else "ok"
     return {"level": level, "reasons": reasons}
 
 
-def state_view(node: Any) -> dict[str, Any]:
+def state_view(node: NodeSurface) -> dict[str, Any]:
     state = node.state
-    body = state.wire()
+    body = to_reference(state.wire())
     nodes = set(state.topology.nodes) | node.readings.nodes()
     by_kind = {
-        "nodeIdentities": NodeIdentity, "nodeMemory": NodeMemory, "nodeSystem": NodeSystem,
-        "nodeResources": NodeResources, "nodeDisk": NodeDisk,
+        "nodeIdentities": NodeIdentity,
+        "nodeMemory": NodeMemory,
+        "nodeSystem": NodeSystem,
+        "nodeResources": NodeResources,
+        "nodeDisk": NodeDisk,
     }
     for key, kind in by_kind.items():
         body[key] = {nid: _inner(r.reading) for nid, r in node.readings.latest(kind).items()}
-    body["nodeNetwork"] = {nid: {"dataTransport": body["nodeResources"].get(nid, {}).get("dataTransport")}
-                           for nid in nodes}
+    body["nodeNetwork"] = {
+        nid: {"dataTransport": body["nodeResources"].get(nid, {}).get("dataTransport")} for nid in nodes
+    }
     body["downloadProgress"] = {nid: _inner(r.reading) for nid, r in node.readings.latest(DownloadProgress).items()}
     body["nodeHealth"] = {nid: node_health(node, nid, state) for nid in sorted(nodes)}
     body["masterNodeId"] = node.master_id

@@ -24,11 +24,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from skulk_kernel.inference import InferenceHandle
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .dispatch import InferenceHandle
 from .server import MAX_BODY_BYTES
 
 __all__ = [

@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from skulk_kernel.tasks import (
+from skulk_kernel.api import (
+    Chunk,
     EmbeddingChunk,
     ErrorChunk,
     GenerationStats,
@@ -31,7 +32,6 @@ from skulk_kernel.tasks import (
     ToolCall,
     ToolCallChunk,
     Usage,
-    _Chunk,
 )
 
 __all__ = [
@@ -79,7 +79,7 @@ def token_counts(usage: Usage | None, counted: int) -> tuple[int, int]:
     return usage.prompt_tokens, usage.completion_tokens
 
 
-def failed_chunk(chunk: _Chunk) -> ErrorChunk:
+def failed_chunk(chunk: Chunk) -> ErrorChunk:
     """The ErrorChunk standing for a terminal chunk whose finish reason is `error`."""
     return ErrorChunk(command_id=chunk.command_id, seq=chunk.seq, message=GENERATION_FAILED, error_type="server_error")
 
@@ -105,7 +105,7 @@ class Collected:
         """Keep what the body needs of a batch of tool calls."""
 
 
-async def collect(out: C, chunks: AsyncIterator[_Chunk]) -> C:
+async def collect(out: C, chunks: AsyncIterator[Chunk]) -> C:
     """Consume the chunks into `out`; stops at an error chunk (kept in `out.error`)."""
     async for chunk in chunks:
         if isinstance(chunk, ErrorChunk):
@@ -134,7 +134,7 @@ class CollectedEmbeddings:
     error: ErrorChunk | None = None
 
 
-async def collect_embeddings(chunks: AsyncIterator[_Chunk]) -> CollectedEmbeddings:
+async def collect_embeddings(chunks: AsyncIterator[Chunk]) -> CollectedEmbeddings:
     """The vectors in input order and the prompt tokens; stops at an error chunk."""
     out = CollectedEmbeddings()
     async for chunk in chunks:

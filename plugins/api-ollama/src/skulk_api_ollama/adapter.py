@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from skulk_kernel.tasks import TextGenerationParams, _Chunk
+from skulk_kernel.api import Chunk, TextGenerationParams
 
 from . import wire
 from .requests import RequestError, parse_chat
@@ -25,7 +25,7 @@ class OllamaChatAdapter:
             raise RequestError("messages: a chat with no messages is a load request, not a generation")
         return req.params
 
-    async def stream(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[bytes]:
+    async def stream(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         """Chunks -> the NDJSON bytes of a streamed chat, one record a line, ending with `done: true`."""
         encoder = wire.StreamEncoder(model=self.model, kind="chat", timing=wire.Timing())
         async for line in encoder.lines(chunks):

@@ -30,14 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from skulk_api_control import requests_common
-from skulk_kernel.tasks import (
-    ChatMessage,
-    EmbeddingParams,
-    SamplingParams,
-    TextGenerationParams,
-    ToolCall,
-    ToolSpec,
-)
+from skulk_kernel.api import ChatMessage, EmbeddingParams, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
 
 
 class RequestError(requests_common.RequestError):

@@ -1,6 +1,6 @@
 """The Ollama routes, under both `/api/*` and `/ollama/api/*`, and the `/` liveness answer.
 
-Every inference goes through the kernel's one dispatch path (`skulk_kernel.inference.generate` /
+Every inference goes through the API host's one dispatch path (`skulk_api_control.dispatch.generate` /
 `embed`); this module only reads the request, picks the HTTP answer and hands chunks to `wire`.
 
 Errors known before the first byte are HTTP statuses with `{"error": "text"}` (4xx with
@@ -22,19 +22,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from skulk_api_control.adapter_routes import ErrorAnswers, answer, cards, listed_model_ids, read_json, stream_body
-from skulk_api_control.streaming import Dispatch
-from skulk_api_control.wire_common import collect_embeddings, error_status
-from skulk_kernel.inference import (
+from skulk_api_control.dispatch import (
     InferenceError,
     InferenceHandle,
     embed,
     generate,
-    resolve_card,
     resolve_model_id,
     serving_instances,
 )
-from skulk_kernel.models import ModelCard
-from skulk_kernel.tasks import EmbeddingParams
+from skulk_api_control.streaming import Dispatch
+from skulk_api_control.wire_common import collect_embeddings, error_status
+from skulk_kernel.api import EmbeddingParams, ModelCard, NodeSurface, resolve_card
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import wire
@@ -133,7 +131,7 @@ def capabilities(card: ModelCard | None) -> list[str]:
     return caps
 
 
-def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
+def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
     app.add_middleware(OllamaRoot)
     modified_at = wire.rfc3339(node.started_at)
 
@@ -361,4 +359,3 @@ def add_ollama_routes(app: FastAPI, node: Any, *, version: str) -> None:
     async def get_version() -> dict[str, str]:
         """The Ollama API version this adapter follows (`[plugins.api-ollama] version`)."""
         return {"version": version}
-

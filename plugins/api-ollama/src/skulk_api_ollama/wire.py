@@ -25,7 +25,7 @@ from typing import Any
 
 from skulk_api_control import wire_common
 from skulk_api_control.wire_common import GENERATION_FAILED, token_counts, tool_arguments
-from skulk_kernel.tasks import ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage, _Chunk
+from skulk_kernel.api import Chunk, ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 
 def now_rfc3339() -> str:
@@ -107,13 +107,13 @@ class Collected(wire_common.Collected):
         self.tool_calls.extend(calls)
 
 
-async def _timed(chunks: AsyncIterator[_Chunk], timing: Timing) -> AsyncIterator[_Chunk]:
+async def _timed(chunks: AsyncIterator[Chunk], timing: Timing) -> AsyncIterator[Chunk]:
     async for chunk in chunks:
         timing.first()
         yield chunk
 
 
-async def collect(chunks: AsyncIterator[_Chunk], timing: Timing) -> Collected:
+async def collect(chunks: AsyncIterator[Chunk], timing: Timing) -> Collected:
     out = await wire_common.collect(Collected(), _timed(chunks, timing))
     timing.end()
     return out
@@ -202,7 +202,7 @@ class StreamEncoder:
         self.tokens += len(chunk.calls)
         return self._record(tool_calls=entries)
 
-    def final(self, chunk: _Chunk) -> str:
+    def final(self, chunk: Chunk) -> str:
         self.timing.end()
         obj: dict[str, Any] = {"model": self.model, "created_at": now_rfc3339()}
         if self.chat:
@@ -216,7 +216,7 @@ class StreamEncoder:
         obj.update(counters(self.timing, chunk.usage, chunk.stats, self.tokens))
         return line(obj)
 
-    async def lines(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+    async def lines(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         async for chunk in chunks:
             self.timing.first()
             if isinstance(chunk, ErrorChunk):

@@ -17,7 +17,8 @@ from typing import Any
 
 from skulk_api_control import wire_common
 from skulk_api_control.wire_common import GENERATION_FAILED, token_counts
-from skulk_kernel.tasks import (
+from skulk_kernel.api import (
+    Chunk,
     ErrorChunk,
     GenerationStats,
     PrefillProgressChunk,
@@ -26,7 +27,6 @@ from skulk_kernel.tasks import (
     ToolCall,
     ToolCallChunk,
     Usage,
-    _Chunk,
 )
 
 DONE = "data: [DONE]\n\n"
@@ -113,7 +113,7 @@ class Collected(wire_common.Collected):
         self.tool_calls.extend(calls)
 
 
-async def collect(chunks: AsyncIterator[_Chunk], want_logprobs: bool) -> Collected:
+async def collect(chunks: AsyncIterator[Chunk], want_logprobs: bool) -> Collected:
     return await wire_common.collect(Collected(want_logprobs=want_logprobs), chunks)
 
 
@@ -240,7 +240,7 @@ class ChatStreamEncoder:
     def error(message: str, error_type: str = "server_error", code: str | None = None) -> str:
         return "data: " + json.dumps(error_body(message, error_type, code)) + "\n\n"
 
-    async def events(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         """The role chunk, one event per content/tool chunk, then finish, usage, stats and [DONE].
 
         An error chunk ends the stream with a `data: {"error": ...}` event and no [DONE].

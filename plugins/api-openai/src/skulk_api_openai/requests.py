@@ -17,14 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from skulk_api_control import requests_common
 from skulk_api_control.requests_common import StrictBody as _In
 from skulk_api_control.requests_common import invalid_field, validate
-from skulk_kernel.tasks import (
-    ChatMessage,
-    EmbeddingParams,
-    SamplingParams,
-    TextGenerationParams,
-    ToolCall,
-    ToolSpec,
-)
+from skulk_kernel.api import ChatMessage, EmbeddingParams, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
 
 
 class RequestError(requests_common.RequestError):
@@ -239,9 +232,7 @@ def _tool_choice(req: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str
             )
         return choice
     if choice.function.name not in {t.name for t in tools}:
-        raise RequestError(
-            f"tool_choice: no tool named {choice.function.name!r} in `tools`", param="tool_choice"
-        )
+        raise RequestError(f"tool_choice: no tool named {choice.function.name!r} in `tools`", param="tool_choice")
     return choice.function.name
 
 
@@ -330,8 +321,7 @@ class EmbeddingsRequest:
 
 def _embedding_inputs(value: Any) -> tuple[str, ...]:
     token_ids = RequestError(
-        "input: token-id arrays are not supported by this server; send the text as a string or a list "
-        "of strings",
+        "input: token-id arrays are not supported by this server; send the text as a string or a list of strings",
         param="input",
         code="unsupported_input",
     )
@@ -342,9 +332,7 @@ def _embedding_inputs(value: Any) -> tuple[str, ...]:
     elif isinstance(value, list):
         inputs = value
     else:
-        raise RequestError(
-            f"input: must be a string or a list of strings, not {type(value).__name__}", param="input"
-        )
+        raise RequestError(f"input: must be a string or a list of strings, not {type(value).__name__}", param="input")
     if not inputs:
         raise RequestError("input: the list is empty; send at least one string", param="input")
     for i, item in enumerate(inputs):

@@ -32,15 +32,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from skulk_api_control.wire_common import GENERATION_FAILED, failed_chunk, token_counts
-from skulk_kernel.tasks import (
-    ErrorChunk,
-    PrefillProgressChunk,
-    TokenChunk,
-    ToolCall,
-    ToolCallChunk,
-    Usage,
-    _Chunk,
-)
+from skulk_kernel.api import Chunk, ErrorChunk, PrefillProgressChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 from .chat import logprob_entry  # Responses logprobs have Chat's shape
 from .responses_requests import ResponsesRequest
@@ -205,9 +197,7 @@ class ResponsesEncoder:
                 }
             )[:-1]
         )
-        return self._event(
-            "response.output_item.added", {"output_index": self._index, "item": item}
-        ) + self._event(
+        return self._event("response.output_item.added", {"output_index": self._index, "item": item}) + self._event(
             "response.content_part.added",
             {"item_id": self._item_id, "output_index": self._index, "content_index": 0, "part": part},
         )
@@ -234,9 +224,7 @@ class ResponsesEncoder:
                 "role": "assistant",
                 "content": [part],
             }
-            done = self._event(
-                "response.output_text.done", {**where, "text": text, "logprobs": self._logprobs}
-            )
+            done = self._event("response.output_text.done", {**where, "text": text, "logprobs": self._logprobs})
         else:
             part = {"type": "reasoning_text", "text": text}
             item = {
@@ -352,7 +340,7 @@ class ResponsesEncoder:
             + self._event("response.failed", {"response": self.response()})
         )
 
-    def chunk(self, chunk: _Chunk) -> tuple[str, bool]:
+    def chunk(self, chunk: Chunk) -> tuple[str, bool]:
         """The events for one chunk, and whether the response has ended."""
         if isinstance(chunk, TokenChunk):
             out = self.token(chunk) if chunk.text else ""
@@ -370,7 +358,7 @@ class ResponsesEncoder:
             return out + self.fail(GENERATION_FAILED), True
         return out + self.finish(chunk.finish_reason, chunk.usage), True
 
-    async def events(self, chunks: AsyncIterator[_Chunk]) -> AsyncIterator[str]:
+    async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         """The whole SSE stream after `response.created`/`in_progress` (see `start`)."""
         async for chunk in chunks:
             out, ended = self.chunk(chunk)
@@ -381,7 +369,7 @@ class ResponsesEncoder:
         # the chunk stream ended with no terminal chunk: never leave the client hanging
         yield self.fail("the stream ended without a final chunk")
 
-    async def collect(self, chunks: AsyncIterator[_Chunk]) -> ErrorChunk | None:
+    async def collect(self, chunks: AsyncIterator[Chunk]) -> ErrorChunk | None:
         """Consume the whole stream for a non-streaming answer; the error chunk if it failed."""
         async for chunk in chunks:
             if isinstance(chunk, ErrorChunk):

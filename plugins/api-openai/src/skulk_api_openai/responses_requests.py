@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
-from skulk_kernel.tasks import ChatMessage, TextGenerationParams, ToolCall, ToolSpec
+from skulk_kernel.api import ChatMessage, TextGenerationParams, ToolCall, ToolSpec
 
 from .requests import RequestError, _arguments, _In, _validate, sampling_params, validation_error
 

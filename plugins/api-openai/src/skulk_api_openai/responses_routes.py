@@ -1,7 +1,7 @@
 """`POST /v1/responses` (and the un-prefixed `/responses`): the OpenAI Responses API.
 
 Same dispatch as Chat Completions (`routes.py`): the body is parsed by `responses_requests.py`, the
-request goes through `skulk_kernel.inference.generate`, the host's `skulk_api_control.adapter_routes`
+request goes through `skulk_api_control.dispatch.generate`, the host's `skulk_api_control.adapter_routes`
 waits for the first chunk (keep-alives after `keepalive_s` for streams), watches for the client
 leaving (which cancels the task) and closes the handle exactly once; `responses.py` writes the wire
 format.
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from skulk_api_control.adapter_routes import answer, read_json, stream_body
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, generate
 from skulk_api_control.streaming import Dispatch
-from skulk_kernel.ids import new_id
-from skulk_kernel.inference import InferenceError, InferenceHandle, generate
+from skulk_kernel.api import NodeSurface, new_id
 
 from .chat import KEEPALIVE
 from .requests import RequestError
@@ -33,7 +32,7 @@ from .routes import ERRORS, chunk_error, request_error
 
 
 def add_responses_routes(
-    app: FastAPI, node: Any, *, keepalive_s: float, canonical: Callable[[str], str]
+    app: FastAPI, node: NodeSurface, *, keepalive_s: float, canonical: Callable[[str], str]
 ) -> None:
     async def create_response(request: Request) -> Response:
         try:

@@ -1,7 +1,7 @@
 """The OpenAI routes: chat completions (JSON and SSE), bench chat completions, embeddings, models
 (and the Responses API, added from `responses_routes.py`).
 
-Every route goes through the kernel's one dispatch path (`skulk_kernel.inference.generate/embed`);
+Every route goes through the API host's one dispatch path (`skulk_api_control.dispatch.generate/embed`);
 this module only reads the request, picks the HTTP answer and hands chunks to the wire encoders.
 
 Errors known before the first byte (bad body, unknown model, no instance, context overflow, a first
@@ -33,11 +33,11 @@ from skulk_api_control.adapter_routes import (
     read_json,
     stream_body,
 )
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, embed, generate
 from skulk_api_control.server import openai_error  # the host's, so every OpenAI-style error looks the same
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import collect_embeddings
-from skulk_kernel.inference import InferenceError, InferenceHandle, embed, generate
-from skulk_kernel.tasks import ErrorChunk
+from skulk_kernel.api import ErrorChunk, NodeSurface
 
 from . import chat, embeddings
 from .requests import RequestError, parse_chat_request, parse_embeddings_request
@@ -58,7 +58,7 @@ def chunk_error(chunk: ErrorChunk) -> JSONResponse:
 ERRORS = ErrorAnswers(inference=inference_error, chunk=chunk_error)
 
 
-def add_openai_routes(app: FastAPI, node: Any, *, keepalive_s: float = 10.0) -> None:
+def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 10.0) -> None:
     fingerprint = f"skulk-{node.runtime_info().get('skulkVersion', '0')}"
 
     def canonical(ref: str) -> str:

@@ -50,8 +50,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
-from skulk_kernel import codec
-from skulk_kernel.topics import Topic
+from skulk_kernel.api import NodeSurface, Topic, codec
 
 log = logging.getLogger("skulk.election")
 
@@ -67,8 +66,7 @@ Rank = tuple[int, int, str]  # (seniority, commands_seen, node_id): the order in
 class ElectionMessage(BaseModel):
     """One message on the ELECTION topic (msgpack of the camelCase form, like every wire type)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, alias_generator=to_camel,
-                              populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, alias_generator=to_camel, populate_by_name=True)
     kind: Kind
     node_id: str = Field(min_length=1, max_length=256)
     clock: int = Field(ge=0, le=_MAX_INT)
@@ -128,7 +126,7 @@ class BullyElection:
 
             config = BullyConfig()
         self.config = config
-        self.node: Any = None
+        self.node: NodeSurface | None = None
         self.node_id = ""
         self.stats = ElectionStats()
         self.log = _NodeLog(log, {"node": "?"})
@@ -161,7 +159,13 @@ class BullyElection:
 
     # ---------------------------------------------------------------- contract
 
-    async def start(self, node: Any, on_change: Callable[[str | None], Awaitable[None]]) -> None:
+    @property
+    def started_node(self) -> NodeSurface:
+        if self.node is None:
+            raise RuntimeError("the election has not been started")
+        return self.node
+
+    async def start(self, node: NodeSurface, on_change: Callable[[str | None], Awaitable[None]]) -> None:
         if self._running:
             raise RuntimeError("election already started")
         self.node = node
@@ -183,8 +187,7 @@ class BullyElection:
         now = time.monotonic()
         self._next_beat = now + self.config.heartbeat_s
         self._begin_round(self.clock, now, "this node started")
-        self._tasks = [node.spawn(self._run(), "election-bully"),
-                       node.spawn(self._report(), "election-bully-report")]
+        self._tasks = [node.spawn(self._run(), "election-bully"), node.spawn(self._report(), "election-bully-report")]
 
     async def stop(self) -> None:
         if not self._running:
@@ -193,7 +196,7 @@ class BullyElection:
         # Say goodbye, so peers re-elect now instead of after master_timeout_s.
         with contextlib.suppress(Exception):
             async with asyncio.timeout(1.0):
-                await self.node.publish(Topic.ELECTION, codec.encode(self._message("leave")))
+                await self.started_node.publish(Topic.ELECTION, codec.encode(self._message("leave")))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -276,7 +279,7 @@ class BullyElection:
         out, self._outbox = self._outbox, {}
         for message in out.values():
             try:
-                await self.node.publish(Topic.ELECTION, codec.encode(message))
+                await self.started_node.publish(Topic.ELECTION, codec.encode(message))
             except Exception as exc:
                 self.log.warning("could not publish an election %s: %s", message.kind, exc)
 
@@ -290,7 +293,7 @@ class BullyElection:
 
     def _commands_seen(self) -> int:
         try:
-            seen = int(self.node.state.last_event_applied_idx)
+            seen = int(self.started_node.state.last_event_applied_idx)
         except (AttributeError, TypeError, ValueError):
             return -1
         return min(max(seen, -1), _MAX_INT)
@@ -309,13 +312,13 @@ class BullyElection:
             if now - at > timeout:
                 continue
             if msg.master_id == self.node_id or (
-                    msg.master_id is None and won is not None and msg.clock == won.clock
-                    and peer in won.candidates):
+                msg.master_id is None and won is not None and msg.clock == won.clock and peer in won.candidates
+            ):
                 count += 1
         return count
 
     def _seniority(self, now: float) -> int:
-        forced = FORCE_MASTER_SENIORITY if getattr(self.node.options, "force_master", False) else 0
+        forced = FORCE_MASTER_SENIORITY if getattr(self.started_node.options, "force_master", False) else 0
         return forced + (self._support(now) if self.is_master else 0)
 
     def _rank(self, now: float) -> Rank:
@@ -324,9 +327,14 @@ class BullyElection:
     def _message(self, kind: Kind) -> ElectionMessage:
         now = time.monotonic()
         clock = self.round.clock if kind == "campaign" and self.round is not None else self.clock
-        return ElectionMessage(kind=kind, node_id=self.node_id, clock=clock, seniority=self._seniority(now),
-                               commands_seen=self._commands_seen(),
-                               master_id=None if kind == "leave" else self.master)
+        return ElectionMessage(
+            kind=kind,
+            node_id=self.node_id,
+            clock=clock,
+            seniority=self._seniority(now),
+            commands_seen=self._commands_seen(),
+            master_id=None if kind == "leave" else self.master,
+        )
 
     def _queue(self, kind: Kind) -> None:
         self._outbox[kind] = self._message(kind)
@@ -341,8 +349,7 @@ class BullyElection:
 
     def _drop(self, sender: str, why: str, now: float) -> None:
         self.stats.dropped += 1
-        self._warn_limited(f"drop:{sender}", now, "dropping a malformed election message from %r: %s",
-                           sender, why)
+        self._warn_limited(f"drop:{sender}", now, "dropping a malformed election message from %r: %s", sender, why)
 
     def _on_message(self, sender: str, payload: bytes, now: float) -> None:
         try:
@@ -402,14 +409,23 @@ class BullyElection:
             self.stats.conflicts += 1
             mine = self._rank(now)
             if msg.rank > mine:
-                self.log.warning("%s also claims to be master and outranks this node (%s > %s); stepping down",
-                            sender, msg.rank, mine)
+                self.log.warning(
+                    "%s also claims to be master and outranks this node (%s > %s); stepping down",
+                    sender,
+                    msg.rank,
+                    mine,
+                )
                 self._set_master(sender, now)
                 self._queue("status")
             else:
-                self._warn_limited(f"conflict:{sender}", now,
-                                   "%s also claims to be master; this node outranks it (%s > %s)",
-                                   sender, mine, msg.rank)
+                self._warn_limited(
+                    f"conflict:{sender}",
+                    now,
+                    "%s also claims to be master; this node outranks it (%s > %s)",
+                    sender,
+                    mine,
+                    msg.rank,
+                )
                 self._queue("announce")
             return
         if self.round is not None and self.master is None:
@@ -468,8 +484,13 @@ class BullyElection:
         self.last_round = rnd
         rnd.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
         winner = rnd.winner()
-        self.log.info("election round %d: %d candidate(s), winner %s%s", rnd.clock, len(rnd.candidates), winner,
-                 " (this node)" if winner == self.node_id else "")
+        self.log.info(
+            "election round %d: %d candidate(s), winner %s%s",
+            rnd.clock,
+            len(rnd.candidates),
+            winner,
+            " (this node)" if winner == self.node_id else "",
+        )
         if winner == self.node_id:
             self._won_round = rnd
             if not self.is_master:
@@ -495,16 +516,20 @@ class BullyElection:
         if self.is_master:
             return
         timeout = self.config.master_timeout_s
-        live = {peer: msg for peer, msg in self._masters.items()
-                if peer in self._heard and now - self._heard[peer][0] <= timeout}
+        live = {
+            peer: msg
+            for peer, msg in self._masters.items()
+            if peer in self._heard and now - self._heard[peer][0] <= timeout
+        }
         best = max(live, key=lambda p: live[p].rank) if live else None
         self._set_master(best, now)
 
     def _set_master(self, value: str | None, now: float) -> None:
         if value == self.master:
             return
-        self.log.info("election: master %s -> %s%s", self.master, value,
-                 " (this node)" if value == self.node_id else "")
+        self.log.info(
+            "election: master %s -> %s%s", self.master, value, " (this node)" if value == self.node_id else ""
+        )
         if self.master == self.node_id:
             self._won_round = None  # seniority is earned anew by the next win
         self.master = value

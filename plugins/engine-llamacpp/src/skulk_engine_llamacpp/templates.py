@@ -20,8 +20,7 @@ from typing import Any
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\\n|\n)(.*?)<\|im_end\|>", re.DOTALL)
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
@@ -37,6 +36,7 @@ def read_gguf_metadata(path: str | Path, keys: tuple[str, ...]) -> dict[str, obj
     wanted = set(keys)
     out: dict[str, object] = {}
     with open(path, "rb") as f:
+
         def unpack(fmt: str) -> Any:
             size = struct.calcsize(fmt)
             return struct.unpack(fmt, f.read(size))[0]
@@ -124,8 +124,8 @@ def chatml_tools_template(default_system: str | None = None) -> str:
         "{%- for tool in tools -%}{{- (tool['function'] if tool['function'] is defined else tool)"
         " | tojson -}}{{- '\\n' -}}{%- endfor -%}\n"
         "{{- '</tools>\\nTo call a function, answer with a JSON object inside"
-        " <tool_call></tool_call> tags, like this:\\n<tool_call>\\n{\"name\": \"function_name\","
-        " \"arguments\": {\"arg\": \"value\"}}\\n</tool_call>' -}}\n"
+        ' <tool_call></tool_call> tags, like this:\\n<tool_call>\\n{"name": "function_name",'
+        ' "arguments": {"arg": "value"}}\\n</tool_call>\' -}}\n'
         "{%- endif -%}\n"
         "{{- '<|im_end|>\\n' -}}\n"
         "{%- endif -%}\n"
@@ -154,21 +154,25 @@ def chatml_tools_template(default_system: str | None = None) -> str:
     )
 
 
-def render(template: str, messages: list[dict], tools: list[dict] | None = None,
-           add_generation_prompt: bool = True, **extra: object) -> str:
+def render(
+    template: str,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    **extra: object,
+) -> str:
     """Render a chat template with jinja2 (for the in-process backend; the server renders its own)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        undefined=jinja2.ChainableUndefined)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
     # jinja2's own tojson HTML-escapes <, >, & and sorts keys; llama.cpp's does neither.
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(
-        value, ensure_ascii=False, indent=indent)
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
 
     def raise_exception(message: str) -> None:
         raise ValueError(message)
 
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=messages, tools=tools,
-                                            add_generation_prompt=add_generation_prompt, **extra)
+    return env.from_string(template).render(
+        messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **extra
+    )

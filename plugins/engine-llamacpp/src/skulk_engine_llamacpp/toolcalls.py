@@ -225,18 +225,18 @@ class ToolCallStreamParser:
             return True
         if open_at >= 0:
             self._prose(buf[:open_at], out)
-            self._buf = buf[open_at + len(OPEN_TAG):]
+            self._buf = buf[open_at + len(OPEN_TAG) :]
             self._mode = "tag"
             return True
         hold = _partial_marker_len(buf)
         if final:
             # A dangling "<to..." at the very end is truncated markup, not prose.
-            tail = buf[len(buf) - hold:] if hold else ""
+            tail = buf[len(buf) - hold :] if hold else ""
             self._prose(buf if (hold < 3 or not tail.startswith("<")) else buf[:-hold], out)
             self._buf = ""
             return False
         self._prose(buf[: len(buf) - hold], out)
-        self._buf = buf[len(buf) - hold:]
+        self._buf = buf[len(buf) - hold :]
         return False
 
     def _step_tag(self, out: list[Item], final: bool) -> bool:
@@ -244,7 +244,7 @@ class ToolCallStreamParser:
         close_at = buf.find(CLOSE_TAG)
         reopen_at = buf.find(OPEN_TAG)
         if close_at >= 0 and (reopen_at < 0 or close_at < reopen_at):
-            inner, rest = buf[:close_at], buf[close_at + len(CLOSE_TAG):]
+            inner, rest = buf[:close_at], buf[close_at + len(CLOSE_TAG) :]
         elif reopen_at >= 0:  # model forgot the closing tag before the next call
             inner, rest = buf[:reopen_at], buf[reopen_at:]
         elif final:
@@ -290,8 +290,7 @@ class ParsedMessage:
     tool_calls: tuple[ToolCallDelta, ...]
 
 
-def parse_tool_calls(text: str, tool_names: Iterable[str] | None = None,
-                     allow_bare_json: bool = True) -> ParsedMessage:
+def parse_tool_calls(text: str, tool_names: Iterable[str] | None = None, allow_bare_json: bool = True) -> ParsedMessage:
     """Whole-text convenience wrapper around :class:`ToolCallStreamParser`."""
     parser = ToolCallStreamParser(tool_names, allow_bare_json)
     items = parser.feed(text) + parser.finish()

@@ -12,16 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations, permutations
 
-from skulk_kernel.contracts import NodeCapacity, PlacementError, PlacementRequest
-from skulk_kernel.ids import InstanceId, NodeId, RunnerId
-from skulk_kernel.instances import (
-    INSTANCE_TYPES,
+from skulk_kernel.api import (
+    InstanceId,
+    ModelCard,
+    NodeCapacity,
+    NodeId,
     PipelineShardMetadata,
+    PlacementError,
+    PlacementRequest,
+    RingInstance,
+    RunnerId,
     ShardAssignments,
+    ShardMetadata,
+    State,
     TensorShardMetadata,
 )
-from skulk_kernel.models import ModelCard
-from skulk_kernel.state import State
 
 GiB = 1024**3
 MiB = 1024**2
@@ -73,8 +78,9 @@ class MemoryPlanner:
         head_dim = int(card.sections.get("runtime", {}).get("head_dim", 64))
         return 2 * card.n_layers * card.context_length * card.num_key_value_heads * head_dim * 2
 
-    def _layer_split(self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity],
-                     sharding: str) -> dict[str, tuple[int, int]]:
+    def _layer_split(
+        self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity], sharding: str
+    ) -> dict[str, tuple[int, int]]:
         n = card.n_layers
         if sharding == "Tensor" or len(ring) == 1:
             return {node: (0, n) for node in ring}
@@ -95,19 +101,25 @@ class MemoryPlanner:
 
     # ------------------------------------------------------------------ placement
 
-    def place(self, request: PlacementRequest, state: State, nodes: dict[str, NodeCapacity],
-              instance_id: str):
+    def place(
+        self, request: PlacementRequest, state: State, nodes: dict[str, NodeCapacity], instance_id: str
+    ) -> RingInstance:
         card = request.model
         if not nodes:
-            raise PlacementError("info_gossiping", "no node has reported its resources yet; retry in a "
-                                 "few seconds", retryable=True)
+            raise PlacementError(
+                "info_gossiping", "no node has reported its resources yet; retry in a few seconds", retryable=True
+            )
         live = [n for n in nodes if n not in request.excluded_nodes]
         if not live:
-            raise PlacementError("all_excluded", f"excluded_nodes {list(request.excluded_nodes)} removed "
-                                 f"every candidate node ({sorted(nodes)})")
+            raise PlacementError(
+                "all_excluded",
+                f"excluded_nodes {list(request.excluded_nodes)} removed every candidate node ({sorted(nodes)})",
+            )
         if request.min_nodes > len(live):
-            raise PlacementError("topology_gap", f"min_nodes={request.min_nodes} but only {len(live)} "
-                                 f"eligible node(s) are in the cluster")
+            raise PlacementError(
+                "topology_gap",
+                f"min_nodes={request.min_nodes} but only {len(live)} eligible node(s) are in the cluster",
+            )
         rejections: list[str] = []
         viable: list[_Candidate] = []
         for size in range(request.min_nodes, min(len(live), MAX_CYCLE) + 1):
@@ -124,41 +136,52 @@ class MemoryPlanner:
         best = min(viable, key=lambda c: self._rank(c, card, nodes))
         return self._instance(request, card, best, instance_id)
 
-    def _check(self, request: PlacementRequest, card: ModelCard, ring: tuple[str, ...],
-               caps: dict[str, NodeCapacity], rejections: list[str]) -> _Candidate | None:
+    def _check(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        ring: tuple[str, ...],
+        caps: dict[str, NodeCapacity],
+        rejections: list[str],
+    ) -> _Candidate | None:
         common = set.intersection(*(set(caps[n].backends) for n in ring))
         allowed = [b for b in common if not card.compatible_backends or b in card.compatible_backends]
         if not allowed:
             have = {n: list(caps[n].backends) for n in ring}
-            rejections.append(f"no backend compatible with {list(card.compatible_backends) or 'any'} "
-                              f"on {have}")
+            rejections.append(f"no backend compatible with {list(card.compatible_backends) or 'any'} on {have}")
             return None
         pref = list(card.backend_preference)
         backend = min(allowed, key=lambda b: (pref.index(b) if b in pref else len(pref), b))
         width = len(ring)
         if request.sharding == "Tensor" and width > 1 and not card.supports_tensor:
-            rejections.append(f"{card.model_id} does not support tensor sharding (its card says "
-                              "supports_tensor = false); use Pipeline")
+            rejections.append(
+                f"{card.model_id} does not support tensor sharding (its card says "
+                "supports_tensor = false); use Pipeline"
+            )
             return None
-        if request.sharding == "Tensor" and width > 1 and (
-            card.hidden_size % width or card.num_key_value_heads % width
+        if (
+            request.sharding == "Tensor"
+            and width > 1
+            and (card.hidden_size % width or card.num_key_value_heads % width)
         ):
-            rejections.append(f"tensor sharding over {width} nodes needs hidden_size "
-                              f"({card.hidden_size}) and KV heads ({card.num_key_value_heads}) divisible "
-                              f"by {width}")
+            rejections.append(
+                f"tensor sharding over {width} nodes needs hidden_size "
+                f"({card.hidden_size}) and KV heads ({card.num_key_value_heads}) divisible "
+                f"by {width}"
+            )
             return None
         shares = self._layer_split(card, ring, caps, request.sharding)
         for node in ring:
             start, end = shares[node]
             share = (1 / width) if request.sharding == "Tensor" else (end - start) / card.n_layers
             need = self.need_bytes(card, share, width)
-            have = caps[node].ram_available
-            if need >= have:
+            available = caps[node].ram_available
+            if need >= available:
                 rejections.append(
                     f"memory shortfall on node {node}: needs {_fmt(need)} = weights "
                     f"{_fmt(card.storage_size * share)} x overhead {self.overhead} + KV "
                     f"{_fmt(self.kv_bytes(card) * share)} + floor {_fmt(self.floor_bytes)}, but only "
-                    f"{_fmt(have)} is available"
+                    f"{_fmt(available)} is available"
                 )
                 return None
         return _Candidate(ring, backend, shares)
@@ -170,22 +193,28 @@ class MemoryPlanner:
         free = sum(caps[n].ram_available for n in c.nodes)
         return (len(c.nodes), pref.index(c.backend) if c.backend in pref else len(pref), -present, -free, c.nodes)
 
-    def _instance(self, request: PlacementRequest, card: ModelCard, cand: _Candidate, instance_id: str):
+    def _instance(self, request: PlacementRequest, card: ModelCard, cand: _Candidate, instance_id: str) -> RingInstance:
         shard_type = TensorShardMetadata if request.sharding == "Tensor" else PipelineShardMetadata
-        runner_to_shard, node_to_runner = {}, {}
+        runner_to_shard: dict[RunnerId, ShardMetadata] = {}
+        node_to_runner: dict[NodeId, RunnerId] = {}
         for rank, node in enumerate(cand.nodes):
             runner_id = RunnerId(f"{instance_id}-r{rank}")
             start, end = cand.shares[node]
             runner_to_shard[runner_id] = shard_type(
-                model_id=card.model_id, device_rank=rank, world_size=len(cand.nodes),
-                start_layer=start, end_layer=end, n_layers=card.n_layers, backend=cand.backend,
+                model_id=card.model_id,
+                device_rank=rank,
+                world_size=len(cand.nodes),
+                start_layer=start,
+                end_layer=end,
+                n_layers=card.n_layers,
+                backend=cand.backend,
             )
             node_to_runner[NodeId(node)] = runner_id
-        instance_type = INSTANCE_TYPES[request.instance_meta]  # type: ignore[index]
-        return instance_type(
+        return RingInstance(
             instance_id=InstanceId(instance_id),
-            shard_assignments=ShardAssignments(model_id=card.model_id, runner_to_shard=runner_to_shard,
-                                               node_to_runner=node_to_runner),
+            shard_assignments=ShardAssignments(
+                model_id=card.model_id, runner_to_shard=runner_to_shard, node_to_runner=node_to_runner
+            ),
             engine=cand.backend.split("-", 1)[0],
             context_limit=card.context_length,
             excluded_nodes=tuple(NodeId(n) for n in request.excluded_nodes),

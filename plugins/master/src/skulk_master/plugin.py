@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 PLUGIN = "master"
 
@@ -17,8 +18,12 @@ class MasterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     default_models: list[str] = Field(default_factory=list, description="placed when none is running")
     node_timeout_s: float = Field(default=30.0, gt=0)
-    dispatch_wait_s: float = Field(default=90.0, gt=0, description="how long a request waits for a loading instance "
-                                   "(keep it under the API's 120 s stream idle timeout)")
+    dispatch_wait_s: float = Field(
+        default=90.0,
+        gt=0,
+        description="how long a request waits for a loading instance "
+        "(keep it under the API's 120 s stream idle timeout)",
+    )
     memory_overhead: float = Field(default=1.25, ge=1.0)
     memory_floor_mb: int = Field(default=256, ge=0)
 
@@ -36,7 +41,7 @@ def register_planners(register: Callable[[Any], None]) -> None:
 
 
 @hookimpl
-async def startup(node: Any) -> None:
+async def startup(node: NodeSurface) -> None:
     from .sequencer import Master
 
     master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
@@ -45,14 +50,14 @@ async def startup(node: Any) -> None:
 
 
 @hookimpl
-async def on_master_changed(node: Any, master_node_id: str | None) -> None:
+async def on_master_changed(node: NodeSurface, master_node_id: str | None) -> None:
     master = node.extensions.get(PLUGIN)
     if master is not None:
         await master.on_master_changed(master_node_id)
 
 
 @hookimpl
-async def shutdown(node: Any) -> None:
+async def shutdown(node: NodeSurface) -> None:
     master = node.extensions.pop(PLUGIN, None)
     if master is not None:
         await master.stop()

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from skulk_kernel.models import ModelCard
+from skulk_kernel.api import ModelCard
 
 CARD_FIELDS = set(ModelCard.model_fields)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 PLUGIN = "store"
 
@@ -25,7 +26,7 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 
 @hookimpl
-def configure(node: Any) -> None:
+def configure(node: NodeSurface) -> None:
     from .store import LocalModelStore, default_models_dir
 
     config = node.plugin_config(PLUGIN) or StoreConfig()
@@ -39,13 +40,13 @@ def configure(node: Any) -> None:
 
 
 @hookimpl
-def register_model_stores(register: Callable[[Any], None], node: Any) -> None:
+def register_model_stores(register: Callable[[Any], None], node: NodeSurface) -> None:
     if node is not None and PLUGIN in node.extensions:
         register(node.extensions[PLUGIN])
 
 
 @hookimpl
-def register_api_routes(app: Any, node: Any) -> None:
+def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .routes import add_store_routes
 
     add_store_routes(app, node)

@@ -12,37 +12,50 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from skulk_kernel.commands import AddCustomModelCard, DeleteCustomModelCard
-from skulk_kernel.ids import CommandId, ModelId, new_id
-from skulk_kernel.inference import catalog
+from skulk_kernel.api import AddCustomModelCard, CommandId, DeleteCustomModelCard, ModelId, NodeSurface, catalog, new_id
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": code}}, status_code=status, headers={"x-should-retry": "false"})
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
+        status_code=status,
+        headers={"x-should-retry": "false"},
+    )
 
 
-def model_entry(node: Any, card: Any) -> dict[str, Any]:
+def model_entry(node: NodeSurface, card: Any) -> dict[str, Any]:
     store = node.extensions.get("store")
     placed = [i.instance_id for i in node.state.instances.values() if i.shard_assignments.model_id == card.model_id]
-    installed = bool(store and store.local_path(card.model_id)) or \
-        card.sections.get("source", {}).get("kind") == "local"
+    installed = (
+        bool(store and store.local_path(card.model_id)) or card.sections.get("source", {}).get("kind") == "local"
+    )
     caps = set(card.capabilities) | {"text"} if "TextGeneration" in card.tasks else set(card.capabilities)
     if "TextEmbedding" in card.tasks:
         caps.add("embedding")
     return {
-        "id": card.model_id, "model_id": card.model_id, "name": card.model_id.split("/")[-1],
-        "object": "model", "created": 0, "owned_by": "skulk", "tasks": list(card.tasks), "family": card.family,
-        "capabilities": list(card.capabilities), "resolved_capabilities": sorted(caps),
-        "quantization": card.quantization, "context_length": card.context_length,
-        "storage_size": card.storage_size, "n_layers": card.n_layers, "hidden_size": card.hidden_size,
+        "id": card.model_id,
+        "model_id": card.model_id,
+        "name": card.model_id.split("/")[-1],
+        "object": "model",
+        "created": 0,
+        "owned_by": "skulk",
+        "tasks": list(card.tasks),
+        "family": card.family,
+        "capabilities": list(card.capabilities),
+        "resolved_capabilities": sorted(caps),
+        "quantization": card.quantization,
+        "context_length": card.context_length,
+        "storage_size": card.storage_size,
+        "n_layers": card.n_layers,
+        "hidden_size": card.hidden_size,
         "embedding_dimensions": card.embedding_dimensions,
         "custom": card.model_id in node.state.custom_model_cards,
-        "installed": installed, "instances": placed,
+        "installed": installed,
+        "instances": placed,
     }
 
 
-def add_store_routes(app: Any, node: Any) -> None:
+def add_store_routes(app: Any, node: NodeSurface) -> None:
     @app.get("/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [model_entry(node, card) for card in catalog(node).values()]}
@@ -58,8 +71,11 @@ def add_store_routes(app: Any, node: Any) -> None:
         store = node.extensions.get("store")
         path = body.get("path")
         if not isinstance(path, str) or not path:
-            return _error(400, "body must be {\"path\": \"/abs/path/model.gguf or a model folder\", "
-                               "\"model_id\": optional}", "missing_path")
+            return _error(
+                400,
+                'body must be {"path": "/abs/path/model.gguf or a model folder", "model_id": optional}',
+                "missing_path",
+            )
         model_id = body.get("model_id")
         if model_id is not None and not isinstance(model_id, str):
             return _error(400, "model_id must be a string")
@@ -81,8 +97,7 @@ def add_store_routes(app: Any, node: Any) -> None:
     @app.delete("/models/custom/{model_id:path}")
     async def delete_custom(model_id: str) -> Any:
         if model_id not in node.state.custom_model_cards:
-            return _error(404, f"{model_id!r} is not a custom model card (GET /models lists them)",
-                          "model_not_found")
+            return _error(404, f"{model_id!r} is not a custom model card (GET /models lists them)", "model_not_found")
         await node.submit(DeleteCustomModelCard(command_id=CommandId(new_id()), model_id=ModelId(model_id)))
         await node.wait_for(lambda s: model_id not in s.custom_model_cards, 10)
         return {"message": f"deleted custom card {model_id}"}

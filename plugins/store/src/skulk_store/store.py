@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from skulk_kernel.models import ModelCard
+from skulk_kernel.api import ModelCard
 
 from .cards import card_from_config_json, card_from_gguf, card_from_toml
 
@@ -53,7 +53,7 @@ def sha256_file(path: Path) -> str:
 
 
 def bundled_cards() -> dict[str, ModelCard]:
-    cards = {}
+    cards: dict[str, ModelCard] = {}
     for entry in (resources.files("skulk_store") / "cards").iterdir():
         if entry.name.endswith(".toml"):
             with resources.as_file(entry) as path:
@@ -112,7 +112,8 @@ class LocalModelStore:
         """Write the sidecar (manifest of every file) last, atomically: the folder is now complete."""
         manifest = {
             str(p.relative_to(files_dir)): sha256_file(p)
-            for p in sorted(files_dir.rglob("*")) if p.is_file() and ".skulk" not in p.parts
+            for p in sorted(files_dir.rglob("*"))
+            if p.is_file() and ".skulk" not in p.parts
         }
         sidecar = files_dir / SIDECAR
         sidecar.parent.mkdir(parents=True, exist_ok=True)
@@ -129,8 +130,11 @@ class LocalModelStore:
             return ["not installed"]
         folder = self.models_dir / folder_name(model_id)
         manifest = json.loads((folder / SIDECAR).read_text())["manifest"]
-        return [name for name, digest in manifest.items()
-                if not (folder / name).is_file() or sha256_file(folder / name) != digest]
+        return [
+            name
+            for name, digest in manifest.items()
+            if not (folder / name).is_file() or sha256_file(folder / name) != digest
+        ]
 
     def ensure_local(self, model_id: str, progress: Progress | None = None) -> Path | None:
         """The model's main file, provisioning it first from its card's [source] if needed."""
@@ -157,8 +161,10 @@ class LocalModelStore:
         try:
             provisioner = getattr(importlib.import_module(module), func)
         except (ImportError, AttributeError) as exc:
-            raise RuntimeError(f"card {card.model_id}: provisioner {source.get('call')!r} is not importable "
-                               f"({exc}); install the engine plugin that provides it") from None
+            raise RuntimeError(
+                f"card {card.model_id}: provisioner {source.get('call')!r} is not importable "
+                f"({exc}); install the engine plugin that provides it"
+            ) from None
         if self.offline:
             log.info("offline: %s must come from the local wheel cache", card.model_id)
         self.models_dir.mkdir(parents=True, exist_ok=True)

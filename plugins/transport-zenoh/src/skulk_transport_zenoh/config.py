@@ -43,7 +43,8 @@ class ZenohConfig(BaseModel):
     gossip_scouting: bool = Field(default=True, description="peers tell each other about peers (keep on)")
     lease_s: float = Field(default=3.0, gt=0.2, le=600, description="a silent peer is dropped after this")
     network_version: str | None = Field(
-        default=None, description=f"overrides ${ENV_NETWORK_VERSION} and the built-in NETWORK_VERSION",
+        default=None,
+        description=f"overrides ${ENV_NETWORK_VERSION} and the built-in NETWORK_VERSION",
     )
     session_auth: bool = Field(
         default=False,
@@ -56,10 +57,13 @@ class ZenohConfig(BaseModel):
     )
     send_queue: int = Field(default=8192, ge=16, description="bounded send queue per plane (messages)")
     hello_interval_s: float = Field(
-        default=5.0, gt=0, description="how often to probe peers' hello ports for their network version",
+        default=5.0,
+        gt=0,
+        description="how often to probe peers' hello ports for their network version",
     )
     zenoh_log: str | None = Field(
-        default=None, description="Zenoh's own log filter (e.g. 'warn'); RUST_LOG also works",
+        default=None,
+        description="Zenoh's own log filter (e.g. 'warn'); RUST_LOG also works",
     )
 
     @field_validator("network_version")

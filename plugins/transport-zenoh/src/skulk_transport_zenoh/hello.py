@@ -43,12 +43,17 @@ def decode_hello(data: bytes) -> tuple[str, str, bool, list[str]] | None:
     if not data.startswith(PREFIX) or len(data) > MAX_DATAGRAM:
         return None
     try:
-        body = json.loads(data[len(PREFIX):])
+        body = json.loads(data[len(PREFIX) :])
         version, node, ask, at = body["v"], body["node"], body.get("ask", False), body.get("at", [])
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not (isinstance(version, str) and isinstance(node, str) and isinstance(ask, bool)
-            and isinstance(at, list) and all(isinstance(a, str) for a in at)):
+    if not (
+        isinstance(version, str)
+        and isinstance(node, str)
+        and isinstance(ask, bool)
+        and isinstance(at, list)
+        and all(isinstance(a, str) for a in at)
+    ):
         return None
     return version[:64], node[:128], ask, at[:4]
 
@@ -70,9 +75,15 @@ def tcp_address(locator: str) -> Address | None:
 class HelloService:
     """Answers hellos on the listen ports; asks static and scouted addresses every `interval_s`."""
 
-    def __init__(self, node_id: str, version: str, interval_s: float,
-                 on_mismatch: Callable[[str, str, str], None],
-                 connected_zids: Callable[[], set[str]], locators: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        version: str,
+        interval_s: float,
+        on_mismatch: Callable[[str, str, str], None],
+        connected_zids: Callable[[], set[str]],
+        locators: list[str] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.locators = list(locators or [])
         self.version = version

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 from .config import ZenohConfig
 
@@ -19,7 +20,7 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 
 @hookimpl
-def register_transports(register: Callable[[Any], None], node: Any) -> None:
+def register_transports(register: Callable[[Any], None], node: NodeSurface) -> None:
     """One ZenohTransport ("zenoh") per node object; the profile's [planes] picks the planes."""
     from .transport import ZenohTransport
 

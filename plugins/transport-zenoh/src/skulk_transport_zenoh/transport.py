@@ -43,8 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from skulk_kernel.contracts import PeerEvent
-from skulk_kernel.topics import Plane, Topic
+from skulk_kernel.api import NodeSurface, PeerEvent, Plane, Topic
 
 from . import frames
 from .config import ZenohConfig, effective_network_version
@@ -164,8 +163,7 @@ class _Lane:
         if not self.blocking:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("zenoh %s send queue full: dropped %d message(s) so far", self.plane.value,
-                            self.dropped)
+                log.warning("zenoh %s send queue full: dropped %d message(s) so far", self.plane.value, self.dropped)
             return
         async with self.lock:
             delay = 0.0005
@@ -204,7 +202,9 @@ class _Lane:
                     publisher = publishers.get(key)
                     if publisher is None:
                         publisher = session.declare_publisher(
-                            key, congestion_control=congestion, priority=priority,
+                            key,
+                            congestion_control=congestion,
+                            priority=priority,
                             allowed_destination=zenoh.Locality.REMOTE,
                         )
                         publishers[key] = publisher
@@ -225,7 +225,7 @@ class ZenohTransport:
 
     name = "zenoh"
 
-    def __init__(self, config: ZenohConfig | None = None, node: Any = None) -> None:
+    def __init__(self, config: ZenohConfig | None = None, node: NodeSurface | None = None) -> None:
         self.config = config or ZenohConfig()
         self.network_version = effective_network_version(self.config)
         self.keys = Keys(self.network_version)
@@ -274,8 +274,12 @@ class ZenohTransport:
         _live.add(self)
         log.info(
             "zenoh transport up: node %s, zid %s, network version %s, listening on %s, connecting to %s, "
-            "multicast scouting %s", node_id, self.zid, self.network_version,
-            ", ".join(self.listen_locators) or "?", ", ".join(self.connect_endpoints) or "nothing",
+            "multicast scouting %s",
+            node_id,
+            self.zid,
+            self.network_version,
+            ", ".join(self.listen_locators) or "?",
+            ", ".join(self.connect_endpoints) or "nothing",
             "on" if self.config.multicast_scouting else "off",
         )
         node = self._node() if self._node is not None else None
@@ -347,7 +351,9 @@ class ZenohTransport:
             for topic in list(self._handlers):
                 self._declare_queryable(topic)
         self._alive_sub = session.liveliness().declare_subscriber(
-            Keys.ALIVE_ANY_VERSION, self._on_alive, history=True,
+            Keys.ALIVE_ANY_VERSION,
+            self._on_alive,
+            history=True,
         )
         # the token last: whoever sees this node join can already reach its subscribers and queryables
         self._token = session.liveliness().declare_token(self.keys.alive(self.node_id))
@@ -366,8 +372,14 @@ class ZenohTransport:
     def _start_hello(self) -> None:
         import zenoh
 
-        hello = HelloService(self.node_id, self.network_version, self.config.hello_interval_s,
-                             self._note_hello_mismatch, self._connected_zids, self.listen_locators)
+        hello = HelloService(
+            self.node_id,
+            self.network_version,
+            self.config.hello_interval_s,
+            self._note_hello_mismatch,
+            self._connected_zids,
+            self.listen_locators,
+        )
         ports = [a[1] for a in map(tcp_address, self.listen_locators) if a is not None and a[1]]
         hello.bind(ports)
         hello.add_static(a for a in map(tcp_address, self.connect_endpoints) if a is not None)
@@ -513,8 +525,9 @@ class ZenohTransport:
             sender, payload = frames.decode(sample.payload.to_bytes())
         except MalformedFrame as exc:
             if self._malformed.should_log():
-                log.warning("dropped a malformed frame on %s (%d so far): %s", sample.key_expr,
-                            self._malformed.count, exc)
+                log.warning(
+                    "dropped a malformed frame on %s (%d so far): %s", sample.key_expr, self._malformed.count, exc
+                )
             return
         except Exception:
             log.exception("dropped an unreadable sample on %s", topic.value)
@@ -600,13 +613,17 @@ class ZenohTransport:
         with self._lock:
             first = node_id not in self._mismatched
             self._mismatched[node_id] = MismatchedPeer(node_id, version, address, via, time.time())
-            summary = "; ".join(f"{p.node_id} runs {p.network_version} ({p.address})"
-                                for p in self._mismatched.values())
+            summary = "; ".join(
+                f"{p.node_id} runs {p.network_version} ({p.address})" for p in self._mismatched.values()
+            )
         if first:
             log.error(
                 "NETWORK VERSION MISMATCH: node %s at %s runs network version %r, this node runs %r; "
                 "it cannot join this cluster (upgrade one of them, or set SKULK_NETWORK_VERSION)",
-                node_id, address, version, self.network_version,
+                node_id,
+                address,
+                version,
+                self.network_version,
             )
         node = self._node() if self._node is not None else None
         if node is not None:
@@ -639,8 +656,7 @@ class ZenohTransport:
             except RuntimeError:
                 pass  # shutting down
 
-        self._queryables[topic] = self._session.declare_queryable(self.keys.rpc(topic.value, self.node_id),
-                                                                 on_query)
+        self._queryables[topic] = self._session.declare_queryable(self.keys.rpc(topic.value, self.node_id), on_query)
 
     def _answer(self, topic: Topic, query: Any) -> None:
         with query:
@@ -706,7 +722,9 @@ class ZenohTransport:
         replies: dict[str, bytes] = {}
         errors: list[str] = []
         handler = self._session.get(
-            key, payload=frames.encode(self._sender, payload), timeout=timeout,
+            key,
+            payload=frames.encode(self._sender, payload),
+            timeout=timeout,
             target=zenoh.QueryTarget.ALL,
             consolidation=zenoh.QueryConsolidation(zenoh.ConsolidationMode.NONE),
             congestion_control=zenoh.CongestionControl.BLOCK,
@@ -740,11 +758,16 @@ class ZenohTransport:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "name": self.name, "node_id": self.node_id, "zid": self.zid,
-            "network_version": self.network_version, "listen": list(self.listen_locators),
-            "connect": list(self.connect_endpoints), "peers": sorted(self.peers),
+            "name": self.name,
+            "node_id": self.node_id,
+            "zid": self.zid,
+            "network_version": self.network_version,
+            "listen": list(self.listen_locators),
+            "connect": list(self.connect_endpoints),
+            "peers": sorted(self.peers),
             "mismatched_peers": {k: v.__dict__ for k, v in self.mismatched_peers.items()},
-            "malformed_frames": self.malformed_frames, "dropped_messages": self.dropped_messages,
+            "malformed_frames": self.malformed_frames,
+            "dropped_messages": self.dropped_messages,
         }
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
+from skulk_kernel.api import NodeSurface
 
 PLUGIN = "worker"
 
@@ -28,7 +29,7 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 
 @hookimpl
-async def startup(node: Any) -> None:
+async def startup(node: NodeSurface) -> None:
     if node.options.no_worker:
         return
     from .worker import Worker
@@ -38,21 +39,21 @@ async def startup(node: Any) -> None:
 
 
 @hookimpl
-async def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+async def on_event_applied(node: NodeSurface, event: Any, before: Any, after: Any) -> None:
     worker = node.extensions.get(PLUGIN)
     if worker is not None:
         await worker.on_event(event, before, after)
 
 
 @hookimpl
-async def on_state_synced(node: Any, after: Any) -> None:
+async def on_state_synced(node: NodeSurface, after: Any) -> None:
     worker = node.extensions.get(PLUGIN)
     if worker is not None:
         await worker.reconcile(after)
 
 
 @hookimpl
-async def shutdown(node: Any) -> None:
+async def shutdown(node: NodeSurface) -> None:
     worker = node.extensions.pop(PLUGIN, None)
     if worker is not None:
         await worker.stop()

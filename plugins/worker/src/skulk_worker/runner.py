@@ -19,24 +19,27 @@ import time
 import traceback
 from typing import Any
 
-from skulk_kernel.contracts import RunnerSpec
-from skulk_kernel.instances import (
+from skulk_kernel.api import (
+    ErrorChunk,
+    Profile,
     RunnerFailed,
     RunnerLoaded,
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
+    RunnerSpec,
     RunnerWarmingUp,
+    TextEmbeddingTask,
+    TextGenerationTask,
+    is_terminal,
 )
-from skulk_kernel.profiles import Profile
-from skulk_kernel.tasks import ErrorChunk, TextEmbeddingTask, TextGenerationTask, is_terminal
 
 log = logging.getLogger("skulk.runner")
 
 
 def _engine(profile: Profile, engine_name: str) -> Any:
+    from skulk_kernel.api import build_plugin_manager
     from skulk_kernel.node import collect
-    from skulk_kernel.plugins import build_plugin_manager
 
     pm = build_plugin_manager(profile)
     engines = collect(pm, "register_engines", "engine")
@@ -73,8 +76,13 @@ class _Serving:
                 status = self._serve(task, flag)
             except Exception as exc:
                 log.exception("task %s failed", task.task_id)
-                self.outq.put(("chunk", task.task_id, ErrorChunk(
-                    command_id=task.command_id, seq=0, message=f"{type(exc).__name__}: {exc}")))
+                self.outq.put(
+                    (
+                        "chunk",
+                        task.task_id,
+                        ErrorChunk(command_id=task.command_id, seq=0, message=f"{type(exc).__name__}: {exc}"),
+                    )
+                )
                 status = "Failed"
             finally:
                 self._busy(-1)
@@ -93,13 +101,22 @@ class _Serving:
         prompt = self.session.count_tokens(params)
         wanted = params.sampling.max_tokens or 0
         if prompt + wanted > self.context_limit or prompt >= self.context_limit:
-            self.outq.put(("chunk", task.task_id, ErrorChunk(
-                command_id=task.command_id, seq=0, error_type="invalid_request_error",
-                code="context_length_exceeded",
-                message=f"context_length_exceeded: the prompt has {prompt} tokens"
+            self.outq.put(
+                (
+                    "chunk",
+                    task.task_id,
+                    ErrorChunk(
+                        command_id=task.command_id,
+                        seq=0,
+                        error_type="invalid_request_error",
+                        code="context_length_exceeded",
+                        message=f"context_length_exceeded: the prompt has {prompt} tokens"
                         + (f" and max_tokens is {wanted}" if wanted else "")
                         + f", but this model's context limit is {self.context_limit} tokens; "
-                        "shorten the conversation" + (" or lower max_tokens" if wanted else ""))))
+                        "shorten the conversation" + (" or lower max_tokens" if wanted else ""),
+                    ),
+                )
+            )
             return "Failed"
         status = "Complete"
         for chunk in self.session.generate(task.command_id, params, flag.is_set):
@@ -116,6 +133,7 @@ class _Serving:
 def _exit_with_parent(parent_pid: int) -> None:
     """A runner never outlives its node: if the node is killed outright (kill -9), the runner
     (and the engine memory it holds) goes too, instead of lingering as an orphan."""
+
     def watch() -> None:
         while True:
             time.sleep(1.0)
@@ -125,15 +143,25 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def runner_main(profile: Profile, engine_name: str, spec: RunnerSpec, context_limit: int,
-                inq: Any, outq: Any, parent_pid: int | None = None) -> None:
+def runner_main(
+    profile: Profile,
+    engine_name: str,
+    spec: RunnerSpec,
+    context_limit: int,
+    inq: Any,
+    outq: Any,
+    parent_pid: int | None = None,
+) -> None:
     """The subprocess entry point (must stay importable without side effects)."""
     # Ctrl-C in a terminal reaches the whole process group; the node stops its runners itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is not None:
         _exit_with_parent(parent_pid)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)-7s runner[{os.getpid()}] "
-                        "%(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)-7s runner[{os.getpid()}] %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         engine = _engine(profile, engine_name)
@@ -157,8 +185,9 @@ def runner_main(profile: Profile, engine_name: str, spec: RunnerSpec, context_li
         kind = message[0]
         if kind == "task":
             serving.cancelled[message[1].task_id] = threading.Event()
-            threading.Thread(target=serving.run_task, args=(message[1],), daemon=True,
-                             name=f"task-{message[1].task_id[:8]}").start()
+            threading.Thread(
+                target=serving.run_task, args=(message[1],), daemon=True, name=f"task-{message[1].task_id[:8]}"
+            ).start()
         elif kind == "cancel":
             flag = serving.cancelled.get(message[1])
             if flag is not None:

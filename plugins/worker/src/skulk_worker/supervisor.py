@@ -20,13 +20,22 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from skulk_kernel import commands as cmd
-from skulk_kernel import events as ev
-from skulk_kernel.contracts import RunnerSpec
-from skulk_kernel.ids import CommandId, new_id
-from skulk_kernel.instances import RunnerFailed, RunnerIdle, RunnerShutdown
-from skulk_kernel.profiles import Profile
-from skulk_kernel.tasks import ErrorChunk
+from skulk_kernel.api import (
+    CommandId,
+    ErrorChunk,
+    FailInstance,
+    NodeSurface,
+    Profile,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerShutdown,
+    RunnerSpec,
+    RunnerStatusUpdated,
+    TaskAcknowledged,
+    TaskFailed,
+    TaskStatusUpdated,
+    new_id,
+)
 
 from .runner import runner_main
 
@@ -42,7 +51,7 @@ class _InFlight:
 
 @dataclass
 class RunnerSupervisor:
-    node: Any
+    node: NodeSurface
     spec: RunnerSpec
     engine_name: str
     profile: Profile
@@ -68,14 +77,21 @@ class RunnerSupervisor:
         self.process = _SPAWN.Process(
             target=runner_main,
             args=(self.profile, self.engine_name, self.spec, self.context_limit, self.inq, self.outq, os.getpid()),
-            name=f"skulk-runner-{self.runner_id[:8]}", daemon=True,
+            name=f"skulk-runner-{self.runner_id[:8]}",
+            daemon=True,
         )
         self.process.start()
-        log.info("runner %s for %s started (pid %s, engine %s)", self.runner_id, self.spec.card.model_id,
-                 self.process.pid, self.engine_name)
+        log.info(
+            "runner %s for %s started (pid %s, engine %s)",
+            self.runner_id,
+            self.spec.card.model_id,
+            self.process.pid,
+            self.engine_name,
+        )
         loop = asyncio.get_running_loop()
-        self._reader = threading.Thread(target=self._read, args=(loop, self.process, self.outq),
-                                        daemon=True, name=f"reader-{self.runner_id[:8]}")
+        self._reader = threading.Thread(
+            target=self._read, args=(loop, self.process, self.outq), daemon=True, name=f"reader-{self.runner_id[:8]}"
+        )
         self._reader.start()
 
     def _read(self, loop: asyncio.AbstractEventLoop, process: Any, outq: Any) -> None:
@@ -105,9 +121,9 @@ class RunnerSupervisor:
         if kind == "status":
             status = message[1]
             self.ready = type(status).__name__ in ("RunnerReady", "RunnerRunning")
-            await self.node.emit(ev.RunnerStatusUpdated(runner_id=self.runner_id, status=status))
+            await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=status))
         elif kind == "ack":
-            await self.node.emit(ev.TaskAcknowledged(task_id=message[1]))
+            await self.node.emit(TaskAcknowledged(task_id=message[1]))
         elif kind == "chunk":
             flight = self.in_flight.get(message[1])
             if flight is not None:
@@ -116,12 +132,13 @@ class RunnerSupervisor:
         elif kind == "done":
             flight = self.in_flight.pop(message[1], None)
             if flight is not None:
-                await self.node.emit(ev.TaskStatusUpdated(task_id=message[1], status=message[2]))
+                await self.node.emit(TaskStatusUpdated(task_id=message[1], status=message[2]))
         elif kind == "fatal":
             log.error("runner %s could not load:\n%s", self.runner_id, message[1])
             self.stopping = True  # a load failure is not a crash loop: fail the instance at once
-            await self._give_up(f"runner failed to load {self.spec.card.model_id}: "
-                                f"{message[1].strip().splitlines()[-1]}")
+            await self._give_up(
+                f"runner failed to load {self.spec.card.model_id}: {message[1].strip().splitlines()[-1]}"
+            )
 
     async def _on_exit(self, process: Any) -> None:
         code = process.exitcode
@@ -134,29 +151,32 @@ class RunnerSupervisor:
             self.crashes.popleft()
         reason = f"runner for {self.spec.card.model_id} crashed (exit code {code})"
         log.error("%s; %d crash(es) in the last %.0fs", reason, len(self.crashes), self.config.crash_window_s)
-        await self.node.emit(ev.RunnerStatusUpdated(runner_id=self.runner_id,
-                                                    status=RunnerFailed(error_message=reason)))
+        await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerFailed(error_message=reason)))
         if len(self.crashes) > self.config.max_restarts:
-            await self._give_up(f"{reason}; gave up after {len(self.crashes)} crashes within "
-                                f"{self.config.crash_window_s:.0f}s")
+            await self._give_up(
+                f"{reason}; gave up after {len(self.crashes)} crashes within {self.config.crash_window_s:.0f}s"
+            )
             return
         delay = self.config.restart_backoff_s * 2 ** (len(self.crashes) - 1)
         await asyncio.sleep(delay)
         if not self.stopping:
-            await self.node.emit(ev.RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerIdle()))
+            await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerIdle()))
             self.start()
 
     async def _give_up(self, reason: str) -> None:
         self.stopping = True
-        await self.node.submit(cmd.FailInstance(command_id=CommandId(new_id()),
-                                                instance_id=self.spec.instance_id, reason=reason))
+        await self.node.submit(
+            FailInstance(command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason)
+        )
 
     async def _fail_in_flight(self, reason: str) -> None:
         for task_id, flight in list(self.in_flight.items()):
             self.in_flight.pop(task_id, None)
-            await self.node.send_chunk(flight.task.owner_node_id, ErrorChunk(
-                command_id=flight.task.command_id, seq=0, message=reason, code="runner_crashed"))
-            await self.node.emit(ev.TaskFailed(task_id=task_id, error_message=reason))
+            await self.node.send_chunk(
+                flight.task.owner_node_id,
+                ErrorChunk(command_id=flight.task.command_id, seq=0, message=reason, code="runner_crashed"),
+            )
+            await self.node.emit(TaskFailed(task_id=task_id, error_message=reason))
 
     # ------------------------------------------------------------------ tasks
 
@@ -186,4 +206,4 @@ class RunnerSupervisor:
         for q in (self.inq, self.outq):
             q.close()
             q.cancel_join_thread()
-        await self.node.emit(ev.RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerShutdown()))
+        await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerShutdown()))

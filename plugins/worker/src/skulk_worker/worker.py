@@ -13,12 +13,27 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from skulk_kernel import commands as cmd
-from skulk_kernel import events as ev
-from skulk_kernel.contracts import RunnerSpec
-from skulk_kernel.ids import CommandId, NodeId, new_id
-from skulk_kernel.inference import catalog
-from skulk_kernel.profiles import Profile
+from skulk_kernel.api import (
+    CommandId,
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadPending,
+    FailInstance,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    NodeId,
+    NodeSurface,
+    Profile,
+    RefuseInstancePlacement,
+    RunnerId,
+    RunnerSpec,
+    TaskCreated,
+    TaskFailed,
+    TaskStatusUpdated,
+    catalog,
+    new_id,
+)
 
 from .supervisor import RunnerSupervisor
 
@@ -26,26 +41,27 @@ log = logging.getLogger("skulk.worker")
 
 
 class Worker:
-    def __init__(self, node: Any, config: Any) -> None:
+    def __init__(self, node: NodeSurface, config: Any) -> None:
         self.node = node
         self.config = config
         self.runners: dict[str, RunnerSupervisor] = {}  # runner id -> supervisor
         self._starting: dict[str, asyncio.Task[Any]] = {}
 
-    async def on_event(self, indexed: ev.IndexedEvent, before: Any, after: Any) -> None:
+    async def on_event(self, indexed: IndexedEvent, before: Any, after: Any) -> None:
         event = indexed.event
-        if isinstance(event, ev.InstanceCreated):
+        if isinstance(event, InstanceCreated):
             runner_id = event.instance.shard_assignments.node_to_runner.get(self.node.node_id)
             if runner_id is not None and runner_id not in self.runners:
                 self._starting[runner_id] = self.node.spawn(
-                    self._start_runner(event.instance, runner_id), f"start-{runner_id[:8]}")
-        elif isinstance(event, ev.InstanceDeleted):
+                    self._start_runner(event.instance, runner_id), f"start-{runner_id[:8]}"
+                )
+        elif isinstance(event, InstanceDeleted):
             inst = before.instances.get(event.instance_id)
             if inst is not None:
                 runner_id = inst.shard_assignments.node_to_runner.get(self.node.node_id)
                 if runner_id is not None:
                     await self._stop_runner(runner_id)
-        elif isinstance(event, ev.TaskCreated):
+        elif isinstance(event, TaskCreated):
             inst = after.instances.get(event.task.instance_id)
             if inst is None:
                 return
@@ -53,8 +69,7 @@ class Worker:
             sup = self.runners.get(runner_id) if runner_id else None
             if sup is not None:
                 sup.submit(event.task)
-        elif (isinstance(event, ev.TaskStatusUpdated) and event.status == "Cancelled") or \
-                isinstance(event, ev.TaskFailed):
+        elif (isinstance(event, TaskStatusUpdated) and event.status == "Cancelled") or isinstance(event, TaskFailed):
             for sup in self.runners.values():
                 sup.cancel(event.task_id)
 
@@ -69,8 +84,9 @@ class Worker:
             await self._stop_runner(runner_id)
         for runner_id, inst in wanted.items():
             if runner_id not in self.runners and runner_id not in self._starting:
-                self._starting[runner_id] = self.node.spawn(self._start_runner(inst, runner_id),
-                                                            f"start-{runner_id[:8]}")
+                self._starting[runner_id] = self.node.spawn(
+                    self._start_runner(inst, runner_id), f"start-{runner_id[:8]}"
+                )
 
     # ------------------------------------------------------------------ runners
 
@@ -84,9 +100,9 @@ class Worker:
         model_id = card.model_id
         for store in self.node.model_stores.values():
             ensure = getattr(store, "ensure_local", None)
-            path = ensure(model_id, progress) if ensure else store.local_path(model_id)
-            if path is not None:
-                return Path(path)
+            found = ensure(model_id, progress) if ensure else store.local_path(model_id)
+            if found is not None:
+                return Path(found)
         return None
 
     def _memory_refusal(self, card: Any, share: float) -> str | None:
@@ -94,8 +110,7 @@ class Worker:
         need = card.storage_size * share
         available = psutil.virtual_memory().available
         if need > available * (1 + self.config.memory_tolerance):
-            return (f"needs {need / 2**20:.0f} MiB for its weights but only {available / 2**20:.0f} MiB "
-                    "is available now")
+            return f"needs {need / 2**20:.0f} MiB for its weights but only {available / 2**20:.0f} MiB is available now"
         return None
 
     async def _start_runner(self, instance: Any, runner_id: str) -> None:
@@ -111,8 +126,11 @@ class Worker:
         engine_name = shard.backend.split("-", 1)[0]
         engine = self.node.engines.get(engine_name)
         if card is None or engine is None:
-            why = f"model {model_id!r} is not in this node's catalog" if card is None else \
-                f"engine {engine_name!r} is not loaded on this node"
+            why = (
+                f"model {model_id!r} is not in this node's catalog"
+                if card is None
+                else f"engine {engine_name!r} is not loaded on this node"
+            )
             await self._refuse(instance, why)
             return
         share = (shard.end_layer - shard.start_layer) / shard.n_layers
@@ -121,48 +139,68 @@ class Worker:
             await self._refuse(instance, refusal)
             return
         node_id = self.node.node_id
-        await self.node.emit(ev.DownloadPending(node_id=node_id, model_id=model_id))
+        await self.node.emit(DownloadPending(node_id=node_id, model_id=model_id))
         loop = asyncio.get_running_loop()
 
         last_phase: list[str] = []
 
         def progress(done: int, total: int, phase: str = "") -> None:
-            from skulk_kernel.telemetry import DownloadProgress
+            from skulk_kernel.api import DownloadProgress
 
             if phase and phase not in last_phase:
                 last_phase.append(phase)
                 log.info("%s: %s", model_id, phase)
 
-            reading = DownloadProgress(node_id=node_id, model_id=model_id, downloaded_bytes=done,
-                                       total_bytes=total, phase=phase)
+            reading = DownloadProgress(
+                node_id=node_id, model_id=model_id, downloaded_bytes=done, total_bytes=total, phase=phase
+            )
             loop.call_soon_threadsafe(self.node.readings.put, node_id, reading)
 
         try:
             path = await asyncio.to_thread(self._model_path, card, progress)
         except Exception as exc:
             log.exception("could not stage %s", model_id)
-            await self.node.emit(ev.DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))
-            await self.node.submit(cmd.FailInstance(command_id=CommandId(new_id()), instance_id=instance.instance_id,
-                                                    reason=f"could not stage {model_id} on {node_id}: {exc}",
-                                                    replace_excluding=NodeId(node_id)))
+            await self.node.emit(DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))
+            await self.node.submit(
+                FailInstance(
+                    command_id=CommandId(new_id()),
+                    instance_id=instance.instance_id,
+                    reason=f"could not stage {model_id} on {node_id}: {exc}",
+                    replace_excluding=NodeId(node_id),
+                )
+            )
             return
-        await self.node.emit(ev.DownloadCompleted(node_id=node_id, model_id=model_id, total_bytes=card.storage_size))
+        await self.node.emit(DownloadCompleted(node_id=node_id, model_id=model_id, total_bytes=card.storage_size))
         if instance.instance_id not in self.node.state.instances:
             return  # deleted while staging
-        owner_plugin = self.node.engines.owner[engine_name]
-        profile = Profile(name=f"runner:{engine_name}", plugins=(owner_plugin,),
-                          plugin_config={owner_plugin: self.node.profile.config_for(owner_plugin)})
-        spec = RunnerSpec(instance_id=instance.instance_id, runner_id=runner_id, shard=shard, card=card,
-                          model_path=path, options=self.node.profile.config_for(owner_plugin))
+        owner_plugin = self.node.engine_owner(engine_name)
+        profile = Profile(
+            name=f"runner:{engine_name}",
+            plugins=(owner_plugin,),
+            plugin_config={owner_plugin: self.node.profile.config_for(owner_plugin)},
+        )
+        spec = RunnerSpec(
+            instance_id=instance.instance_id,
+            runner_id=runner_id,
+            shard=shard,
+            card=card,
+            model_path=path,
+            options=self.node.profile.config_for(owner_plugin),
+        )
         sup = RunnerSupervisor(self.node, spec, engine_name, profile, instance.context_limit, self.config)
         self.runners[runner_id] = sup
         sup.start()
 
     async def _refuse(self, instance: Any, reason: str) -> None:
         log.error("refusing instance %s: %s", instance.instance_id, reason)
-        await self.node.submit(cmd.RefuseInstancePlacement(
-            command_id=CommandId(new_id()), instance_id=instance.instance_id, node_id=self.node.node_id,
-            reason=reason))
+        await self.node.submit(
+            RefuseInstancePlacement(
+                command_id=CommandId(new_id()),
+                instance_id=instance.instance_id,
+                node_id=self.node.node_id,
+                reason=reason,
+            )
+        )
 
     async def _stop_runner(self, runner_id: str) -> None:
         starting = self._starting.pop(runner_id, None)
@@ -178,8 +216,15 @@ class Worker:
     def diagnostics(self) -> list[dict[str, Any]]:
         out = []
         for runner_id, sup in self.runners.items():
-            status = self.node.state.runners.get(runner_id)
-            out.append({"runnerId": runner_id, "statusKind": type(status).__name__ if status else "Unknown",
-                        "modelId": sup.spec.card.model_id, "phase": "serving" if sup.ready else "starting",
-                        "pid": sup.process.pid if sup.process else None, "inFlight": len(sup.in_flight)})
+            status = self.node.state.runners.get(RunnerId(runner_id))
+            out.append(
+                {
+                    "runnerId": runner_id,
+                    "statusKind": type(status).__name__ if status else "Unknown",
+                    "modelId": sup.spec.card.model_id,
+                    "phase": "serving" if sup.ready else "starting",
+                    "pid": sup.process.pid if sup.process else None,
+                    "inFlight": len(sup.in_flight),
+                }
+            )
         return out

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
+from skulk_kernel.api import Chunk, EmbeddingParams, EngineProbe, RunnerSpec, TextGenerationParams, TokenChunk, Usage
 
-from skulk_kernel.contracts import EngineProbe, RunnerSpec
-from skulk_kernel.tasks import EmbeddingParams, TextGenerationParams, TokenChunk, Usage, _Chunk
 
 
 def _words(params: TextGenerationParams) -> list[str]:
@@ -20,8 +19,9 @@ class HelloSession:
     def count_tokens(self, params: TextGenerationParams) -> int:
         return len(_words(params)) + len(params.messages)
 
-    def generate(self, command_id: str, params: TextGenerationParams,
-                 cancelled: Callable[[], bool]) -> Iterator[_Chunk]:
+    def generate(
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+    ) -> Iterator[Chunk]:
         last = next((m.content or "" for m in reversed(params.messages) if m.role == "user"), "")
         words = [f"{self.greeting},", *last.split()]
         limit = params.sampling.max_tokens or len(words)
@@ -35,10 +35,15 @@ class HelloSession:
                 break
             yield TokenChunk(command_id=command_id, seq=seq, text=word if i == 0 else " " + word)
             seq += 1
-        yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason=reason,  # type: ignore[arg-type]
-                         usage=Usage(prompt_tokens=self.count_tokens(params), completion_tokens=seq))
+        yield TokenChunk(
+            command_id=command_id,
+            seq=seq,
+            text="",
+            finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(prompt_tokens=self.count_tokens(params), completion_tokens=seq),
+        )
 
-    def embed(self, command_id: str, params: EmbeddingParams) -> _Chunk:
+    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
         raise NotImplementedError("the hello engine does not embed")
 
     def close(self) -> None:
@@ -49,6 +54,7 @@ class HelloEngine:
     name = "hello"
     tasks = frozenset({"TextGeneration"})
     dispatch_width = 1
+    splits: frozenset[str] = frozenset()
 
     def probe(self) -> EngineProbe:
         return EngineProbe(available=True, version="0.1.0")

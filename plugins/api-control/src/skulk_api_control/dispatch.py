@@ -7,20 +7,28 @@ dispatch, cancellation or failure handling. Adapters only translate wire formats
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .commands import TaskCancelled, TaskFinished, TextEmbedding, TextGeneration
-from .ids import CommandId, new_id
-from .instances import instance_ready
-from .models import ModelCard
-from .tasks import EmbeddingParams, ErrorChunk, TextGenerationParams, _Chunk, is_terminal
-
-if TYPE_CHECKING:
-    from .node import Node
+from skulk_kernel.api import (
+    CancelTask,
+    Chunk,
+    CommandId,
+    EmbeddingParams,
+    ErrorChunk,
+    FinishTask,
+    NodeSurface,
+    TextEmbedding,
+    TextGeneration,
+    TextGenerationParams,
+    catalog,
+    instance_ready,
+    is_terminal,
+    new_id,
+    resolve_card,
+)
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
 log = logging.getLogger("skulk.inference")
@@ -29,8 +37,15 @@ log = logging.getLogger("skulk.inference")
 class InferenceError(Exception):
     """A request that cannot be served; `status` is the HTTP status an adapter should answer."""
 
-    def __init__(self, status: int, message: str, *, error_type: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,64 +54,58 @@ class InferenceError(Exception):
         self.param = param
 
 
-def catalog(node: Node) -> dict[str, ModelCard]:
-    """Every card this node knows: model stores first, custom cards (in State) override."""
-    cards: dict[str, ModelCard] = {}
-    for store in node.model_stores.values():
-        with contextlib.suppress(Exception):
-            cards.update(store.catalog())
-    cards.update(node.state.custom_model_cards)
-    return cards
-
-
-def resolve_card(node: Node, ref: str) -> ModelCard | None:
-    cards = catalog(node)
-    found = node.hooks.call("resolve_model", firstresult=True, ref=ref, catalog=cards)
-    return found[0] if found else None
-
-
-def serving_instances(node: Node, model_id: str) -> list[Any]:
+def serving_instances(node: NodeSurface, model_id: str) -> list[Any]:
     return [
-        inst for inst in node.state.instances.values()
+        inst
+        for inst in node.state.instances.values()
         if inst.shard_assignments.model_id == model_id and instance_ready(inst, node.state.runners)
     ]
 
 
-def resolve_model_id(node: Node, ref: str, task: str = "TextGeneration") -> str:
+def resolve_model_id(node: NodeSurface, ref: str, task: str = "TextGeneration") -> str:
     """The model id to run `ref` on, or an InferenceError that says how to fix the request."""
     card = resolve_card(node, ref)
     model_id = card.model_id if card else ref
     placed = [i for i in node.state.instances.values() if i.shard_assignments.model_id == model_id]
     if card is None and not placed:
         known = ", ".join(sorted(catalog(node))) or "none"
-        raise InferenceError(404, f"model {ref!r} is not known to this cluster (known models: {known}); "
-                             "add a local model with POST /models/add {\"path\": ...}",
-                             code="model_not_found", param="model")
+        raise InferenceError(
+            404,
+            f"model {ref!r} is not known to this cluster (known models: {known}); "
+            'add a local model with POST /models/add {"path": ...}',
+            code="model_not_found",
+            param="model",
+        )
     if card is not None and task not in card.tasks:
-        raise InferenceError(400, f"model {model_id!r} does not support {task} (it supports "
-                             f"{', '.join(card.tasks)})", code="unsupported_task", param="model")
+        raise InferenceError(
+            400,
+            f"model {model_id!r} does not support {task} (it supports {', '.join(card.tasks)})",
+            code="unsupported_task",
+            param="model",
+        )
     if not placed:
         raise InferenceError(
             404,
             f"model {model_id!r} has no running instance; place one first with "
-            f"POST /place_instance {{\"model_id\": \"{model_id}\"}} (or from the dashboard)",
-            code="model_not_placed", param="model",
+            f'POST /place_instance {{"model_id": "{model_id}"}} (or from the dashboard)',
+            code="model_not_placed",
+            param="model",
         )
     return model_id
 
 
 @dataclass
 class InferenceHandle:
-    node: Node
+    node: NodeSurface
     command_id: CommandId
-    iterator: AsyncIterator[_Chunk]
-    first: _Chunk
+    iterator: AsyncIterator[Chunk]
+    first: Chunk
     command: Any = None
     observers: list[Any] = field(default_factory=list)
     finished: bool = False
     closed: bool = False
 
-    async def chunks(self) -> AsyncIterator[_Chunk]:
+    async def chunks(self) -> AsyncIterator[Chunk]:
         """Every chunk, the already-awaited first one included; ends after the terminal one.
 
         Middleware observers see each chunk; a raising observer is logged and dropped for this
@@ -110,8 +119,7 @@ class InferenceHandle:
                 try:
                     middleware.observe(self.command, chunk)
                 except Exception:
-                    log.exception("inference middleware %r raised in observe(); dropped for this request",
-                                  middleware)
+                    log.exception("inference middleware %r raised in observe(); dropped for this request", middleware)
                     self.observers.remove(middleware)
             yield chunk
             if self.finished:
@@ -121,7 +129,7 @@ class InferenceHandle:
     async def cancel(self) -> None:
         if not self.finished:
             self.finished = True
-            await self.node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=self.command_id))
+            await self.node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=self.command_id))
 
     async def close(self) -> None:
         """Always called (idempotent): cancels an unfinished task (client gone), frees the stream."""
@@ -131,17 +139,24 @@ class InferenceHandle:
         if not self.finished:
             await self.cancel()
         else:
-            await self.node.submit(TaskFinished(command_id=CommandId(new_id()), task_command_id=self.command_id))
+            await self.node.submit(FinishTask(command_id=CommandId(new_id()), task_command_id=self.command_id))
         self.node.streams.close(self.command_id)
 
 
 # Errors that arrive as the first chunk but belong before the response: code -> HTTP status.
-_EARLY_ERRORS = {"context_length_exceeded": 400, "invalid_request": 400, "model_not_placed": 404,
-                 "instance_not_ready": 503, "instance_gone": 503, "master_changed": 503, "node_gone": 503,
-                 "runner_crashed": 503}
+_EARLY_ERRORS = {
+    "context_length_exceeded": 400,
+    "invalid_request": 400,
+    "model_not_placed": 404,
+    "instance_not_ready": 503,
+    "instance_gone": 503,
+    "master_changed": 503,
+    "node_gone": 503,
+    "runner_crashed": 503,
+}
 
 
-async def _start(node: Node, command: TextGeneration | TextEmbedding) -> InferenceHandle:
+async def _start(node: NodeSurface, command: TextGeneration | TextEmbedding) -> InferenceHandle:
     stream = node.streams.open(command.command_id)
     iterator = stream.__aiter__()
     try:
@@ -149,25 +164,29 @@ async def _start(node: Node, command: TextGeneration | TextEmbedding) -> Inferen
         first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
     except (TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
-        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None
     except BaseException:
         node.streams.close(command.command_id)
-        await node.submit(TaskCancelled(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise
-    handle = InferenceHandle(node, command.command_id, iterator, first, command=command,
-                             observers=list(node.middleware))
+    handle = InferenceHandle(
+        node, command.command_id, iterator, first, command=command, observers=list(node.middleware)
+    )
     if isinstance(first, ErrorChunk) and first.code in _EARLY_ERRORS:
         handle.finished = True
         await handle.close()
         status = _EARLY_ERRORS[first.code]
-        raise InferenceError(status, first.message, code=first.code,
-                             error_type="invalid_request_error" if status < 500 else "server_error")
+        raise InferenceError(
+            status,
+            first.message,
+            code=first.code,
+            error_type="invalid_request_error" if status < 500 else "server_error",
+        )
     return handle
 
 
-async def generate(node: Node, params: TextGenerationParams,
-                   command_id: str | None = None) -> InferenceHandle:
+async def generate(node: NodeSurface, params: TextGenerationParams, command_id: str | None = None) -> InferenceHandle:
     """Send a TextGeneration command and wait for its first chunk.
 
     Errors that belong before the response starts (unknown model, no instance, context overflow)
@@ -176,21 +195,19 @@ async def generate(node: Node, params: TextGenerationParams,
     model_id = resolve_model_id(node, params.model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
-                             params=params)
+    command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
     return await _start(node, _transform(node, command))
 
 
-async def embed(node: Node, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
+async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
     model_id = resolve_model_id(node, params.model_id, task="TextEmbedding")
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id,
-                            params=params)
+    command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
     return await _start(node, _transform(node, command))
 
 
-def _transform(node: Node, command: Any) -> Any:
+def _transform(node: NodeSurface, command: Any) -> Any:
     """Each middleware's transform in order; a raising one is logged and skipped."""
     for middleware in node.middleware:
         try:
