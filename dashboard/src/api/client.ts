@@ -1,0 +1,56 @@
+/**
+ * Typed calls to the node's control API. Errors become `ApiError` with the node's own message,
+ * because the node's messages say what to do ("place one first with ...").
+ */
+
+import type { ApiErrorBody, CatalogModel, PlacementPreview } from "./types";
+
+export class ApiError extends Error {
+  constructor(message: string, readonly status: number, readonly code?: string | null) {
+    super(message);
+  }
+}
+
+export async function errorFrom(response: Response): Promise<ApiError> {
+  let message = `${response.status} ${response.statusText}`;
+  let code: string | null | undefined;
+  try {
+    const body = (await response.json()) as ApiErrorBody;
+    if (typeof body.error === "string") message = body.error;
+    else if (body.error?.message) {
+      message = body.error.message;
+      code = body.error.code;
+    }
+  } catch {
+    // not JSON: keep the status line
+  }
+  return new ApiError(message, response.status, code);
+}
+
+export async function request<T>(path: string, init?: RequestInit): Promise<T> {
+  const response = await fetch(path, {
+    ...init,
+    headers: { "content-type": "application/json", ...(init?.headers ?? {}) },
+  });
+  if (!response.ok) throw await errorFrom(response);
+  return (await response.json()) as T;
+}
+
+export const api = {
+  models: () => request<{ data: CatalogModel[] }>("/models").then((r) => r.data),
+  previews: (modelId: string) =>
+    request<{ previews: PlacementPreview[] }>(`/instance/previews?model_id=${encodeURIComponent(modelId)}`)
+      .then((r) => r.previews),
+  place: (body: Record<string, unknown>) =>
+    request<{ instance_id: string; message: string }>("/place_instance", { method: "POST", body: JSON.stringify(body) }),
+  deleteInstance: (id: string) =>
+    request<{ message: string }>(`/instance/${encodeURIComponent(id)}`, { method: "DELETE" }),
+  addModel: (path: string, modelId?: string) =>
+    request<{ message: string }>("/models/add", {
+      method: "POST", body: JSON.stringify(modelId ? { path, model_id: modelId } : { path }),
+    }),
+  deleteCustomModel: (id: string) =>
+    request<{ message: string }>(`/models/custom/${id.split("/").map(encodeURIComponent).join("/")}`, { method: "DELETE" }),
+  cancel: (commandId: string) =>
+    request<{ message: string }>(`/v1/cancel/${encodeURIComponent(commandId)}`, { method: "POST" }),
+};

@@ -1,0 +1,117 @@
+/** Chat with any ready model; reasoning and tool calls shown apart; conversations kept in the browser. */
+
+import { useEffect, useMemo, useRef, useState, type KeyboardEvent } from "react";
+import type { StateMessage } from "../api/types";
+import { Empty, Icon } from "../components/ui";
+import { prettyArguments, type ChatMessage } from "../logic/chat";
+import { chatModels } from "../logic/derive";
+import { modelName } from "../logic/format";
+import {
+  deleteConversation, newConversation, selectConversation, send, setModel, stop, useChat,
+} from "../store/chat";
+import { useCatalog } from "../store/cluster";
+
+function Message({ m, live }: { m: ChatMessage; live: boolean }) {
+  if (m.role === "user") return <div className="msg user" data-testid="user-message">{m.content}</div>;
+  const empty = !m.content && !m.reasoning && !m.toolCalls?.length;
+  return (
+    <div className="msg assistant" data-testid="assistant-message" data-streaming={live}>
+      {m.reasoning && (
+        <details className="thinking" open={live} data-testid="reasoning">
+          <summary>Reasoning</summary>
+          {m.reasoning}
+        </details>
+      )}
+      <span className={live ? "cursor" : ""} data-testid="assistant-text">{m.content}</span>
+      {empty && !live && !m.error && <span className="muted">(no answer)</span>}
+      {m.toolCalls?.map((call) => (
+        <div className="toolcall" key={call.index} data-testid="tool-call">
+          <header><Icon name="tool" />{call.name}<span className="muted mono small">{call.id}</span></header>
+          <pre>{prettyArguments(call.arguments)}</pre>
+        </div>
+      ))}
+      {m.error && <div className="reason error small" style={{ marginTop: 8 }}>{m.error}</div>}
+      {(m.stopped || m.finishReason || m.stats) && (
+        <div className="meta" data-testid="message-meta">
+          {m.stopped ? "stopped" : m.finishReason ? `finished: ${m.finishReason}` : ""}
+          {m.stats?.generation_tokens != null ? ` · ${m.stats.generation_tokens} tokens` : ""}
+          {m.stats?.generation_tps ? ` · ${m.stats.generation_tps.toFixed(1)} tok/s` : ""}
+        </div>
+      )}
+    </div>
+  );
+}
+
+export function Chat({ msg }: { msg: StateMessage }) {
+  const catalog = useCatalog();
+  const conversations = useChat((s) => s.conversations);
+  const activeId = useChat((s) => s.activeId);
+  const model = useChat((s) => s.model);
+  const streaming = useChat((s) => s.streaming);
+  const [text, setText] = useState("");
+  const bottom = useRef<HTMLDivElement>(null);
+  const embedding = useMemo(() => new Set(catalog.filter((m) => !m.tasks.includes("TextGeneration") && m.tasks.length).map((m) => m.id)), [catalog]);
+  const models = useMemo(() => chatModels(msg.state, embedding), [msg, embedding]);
+  const active = conversations.find((c) => c.id === activeId);
+  useEffect(() => {
+    if (!models.includes(model) && models[0] && !streaming) setModel(active && models.includes(active.model) ? active.model : models[0]);
+  }, [models, model, streaming, active]);
+  useEffect(() => { bottom.current?.scrollIntoView({ block: "end" }); }, [active?.messages]);
+  const submit = () => {
+    if (!text.trim() || streaming || !model) return;
+    void send(text);
+    setText("");
+  };
+  const onKey = (e: KeyboardEvent<HTMLTextAreaElement>) => {
+    if (e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      submit();
+    }
+  };
+  const sorted = [...conversations].sort((a, b) => b.updatedAt - a.updatedAt);
+  return (
+    <>
+      <div className="page-head">
+        <h1>Chat</h1>
+        <span className="spacer" />
+        <select className="select" aria-label="Select chat model" value={model} onChange={(e) => setModel(e.target.value)} disabled={!models.length}>
+          {models.length === 0 && <option value="">no ready model</option>}
+          {models.map((m) => <option key={m} value={m}>{modelName(m)}</option>)}
+        </select>
+      </div>
+      <div className="chat">
+        <div className="card convs">
+          <button className="btn" onClick={newConversation}><Icon name="plus" />New chat</button>
+          {sorted.map((c) => (
+            <div key={c.id} className={`conv ${c.id === activeId ? "active" : ""}`} onClick={() => selectConversation(c.id)} role="button" tabIndex={0}
+              onKeyDown={(e) => e.key === "Enter" && selectConversation(c.id)}>
+              <span title={c.title}>{c.title}</span>
+              <button className="btn ghost small" aria-label={`Delete conversation ${c.title}`} onClick={(e) => { e.stopPropagation(); deleteConversation(c.id); }}><Icon name="trash" /></button>
+            </div>
+          ))}
+        </div>
+        <div className="card thread">
+          <div className="messages" aria-live="polite">
+            {!active || active.messages.length === 0 ? (
+              <Empty title={models.length ? `Chat with ${modelName(model)}` : "No model is ready"}>
+                {models.length ? "Answers stream from the cluster; conversations stay in this browser." : "Launch a model from the Models page first."}
+              </Empty>
+            ) : active.messages.map((m, i) => (
+              <Message key={i} m={m} live={streaming && i === active.messages.length - 1 && m.role === "assistant"} />
+            ))}
+            <div ref={bottom} />
+          </div>
+          <div className="composer">
+            <textarea className="textarea" rows={2} aria-label="Chat message" placeholder={model ? `Message ${modelName(model)}` : "No model is ready"}
+              value={text} onChange={(e) => setText(e.target.value)} onKeyDown={onKey} />
+            {streaming ? (
+              <button className="btn danger" aria-label="Stop" onClick={stop}><Icon name="stop" />Stop</button>
+            ) : (
+              <button className="btn primary" aria-label="Send message" onClick={submit} disabled={!text.trim() || !model}><Icon name="send" />Send</button>
+            )}
+          </div>
+        </div>
+      </div>
+    </>
+  );
+}
