@@ -109,7 +109,10 @@ def _tcp_of(addr: Any) -> tuple[str, int] | None:
 
 
 class Fabric:
-    def __init__(self, owner: FabricOwner, bootstrap: list[str]) -> None:
+    def __init__(self, owner: FabricOwner, bootstrap: list[str], listen: list[str],
+                 targets: dict[tuple[str, int], Any]) -> None:
+        """`listen`: the addresses to bind (a restart rebinds the ports the first run got); `targets`:
+        the dial targets, kept by the transport across restarts."""
         self.owner = owner
         self.cfg = owner.config
         version = owner.network_version
@@ -122,12 +125,16 @@ class Fabric:
         self.pubsub: Any = None
         self.peer_id: Any = None
         self.listen: list[str] = []
+        self.transport_addrs: list[str] = []
         self.ports: list[int] = []
         self.inlinks: dict[Any, _InLink] = {}
         self.outlinks: dict[Any, _OutLink] = {}
         self.opening: set[Any] = set()
         self.members: dict[str, Any] = {}  # node id -> peer id
-        self.targets: dict[tuple[str, int], _Target] = {}
+        self.targets: dict[tuple[str, int], _Target] = targets
+        for target in targets.values():
+            target.dialing = False
+        self.bind = listen
         self.reorder = Reorder(self._deliver_ordered, self.cfg.reorder_gap_s)
         self.nursery: trio.Nursery | None = None
         self.token: trio.lowlevel.TrioToken | None = None
@@ -152,7 +159,7 @@ class Fabric:
         self.token = trio.lowlevel.current_trio_token()
         self._wake = trio.Event()
         owner = self.owner
-        listen = [multiaddr.Multiaddr(a) for a in self.cfg.listen]
+        listen = [multiaddr.Multiaddr(a) for a in self.bind]
         # Noise only: the library's default also offers TLS, SECIO and plaintext
         secure = {NOISE_PROTOCOL_ID: NoiseTransport(owner.key_pair, noise_privkey=owner.noise_key.private_key)}
         host = new_host(key_pair=owner.key_pair, sec_opt=secure, psk=network_psk(owner.network_version),
@@ -171,6 +178,7 @@ class Fabric:
                     await pubsub.subscribe(name)
                 self.ports = sorted({t[1] for t in map(_tcp_of, host.get_transport_addrs()) if t})
                 self.listen = [str(a) for a in host.get_addrs()]
+                self.transport_addrs = [str(a) for a in host.get_transport_addrs()]
                 mdns = self._start_mdns(host, peerDiscovery) if self.cfg.mdns else None
                 try:
                     async with trio.open_nursery() as nursery:
@@ -529,11 +537,14 @@ class Fabric:
         return encode_hello(Hello(self.owner.network_version, self.owner.node_id, self.peer_id.to_base58(), ask))
 
     def _ask(self, host: str, port: int) -> None:
-        if self._udp is None:
-            return
+        if self._udp is not None and self.nursery is not None:
+            self.nursery.start_soon(self._send_udp, self._hello(True), (host, port))
+
+    async def _send_udp(self, data: bytes, address: tuple[str, int]) -> None:
         try:
-            self._udp.sendto(self._hello(True), (host, port))
-        except (BlockingIOError, OSError):
+            with trio.move_on_after(1):
+                await self._udp.sendto(data, address)
+        except OSError:
             pass
 
     async def _serve_hello(self, sock: Any) -> None:
@@ -564,10 +575,7 @@ class Fabric:
                             assert self.nursery is not None
                             self.nursery.start_soon(self._dial, target)
             if hello.ask:
-                try:
-                    sock.sendto(self._hello(False), address)
-                except (BlockingIOError, OSError):
-                    pass
+                await self._send_udp(self._hello(False), address)
 
     # ================================================================ request / reply
 

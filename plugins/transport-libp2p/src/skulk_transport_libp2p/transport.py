@@ -87,6 +87,8 @@ class Libp2pTransport:
         self._thread: threading.Thread | None = None
         self._fabric: Fabric | None = None
         self._bootstrap: list[str] = []
+        self._bind: list[str] = []
+        self._targets: dict[tuple[str, int], Any] = {}
         self._started = threading.Event()
         self._stopping = False
         self._running = False
@@ -110,8 +112,11 @@ class Libp2pTransport:
         self._stopping = False
         self.key_pair = create_new_key_pair()
         self.noise_key = create_x25519_key_pair()  # Noise needs an X25519 static key
+        _quiet_library_logs()
         node_options = options.get("options")
         self._bootstrap = bootstrap_multiaddrs(self.config, tuple(getattr(node_options, "bootstrap_peers", ()) or ()))
+        self._bind = list(self.config.listen)
+        self._targets = {}
         self._started.clear()
         self._thread = threading.Thread(target=self._supervise, name="skulk-libp2p", daemon=True)
         self._thread.start()
@@ -137,7 +142,7 @@ class Libp2pTransport:
 
         backoff = self.config.restart_backoff_s
         while not self._stopping:
-            fabric = Fabric(self, list(self._bootstrap))
+            fabric = Fabric(self, list(self._bootstrap), list(self._bind), self._targets)
             began = time.monotonic()
             try:
                 trio.run(fabric.run, self._on_ready)
@@ -154,6 +159,8 @@ class Libp2pTransport:
                 self._drop_all_members()
             if self._stopping:
                 break
+            if not fabric.listen:
+                self._bind = list(self.config.listen)  # it never came up: the old ports may be taken
             if time.monotonic() - began > 30:
                 backoff = self.config.restart_backoff_s  # it ran well for a while: start over
             time.sleep(backoff)
@@ -162,6 +169,8 @@ class Libp2pTransport:
     def _on_ready(self, fabric: Fabric) -> None:
         self._fabric = fabric
         self.listen = list(fabric.listen)
+        if self._bind == list(self.config.listen):  # a restart rebinds the ports peers know
+            self._bind = [a.split("/p2p/")[0] for a in fabric.transport_addrs] or self._bind
         self.peer_id = fabric.peer_id.to_base58()
         self._started.set()
         if self.outbox:
@@ -393,6 +402,13 @@ class Libp2pTransport:
             "skipped_messages": fabric.reorder.skipped if fabric is not None else 0,
             "restarts": self.restarts, "last_crash": self.last_crash,
         }
+
+
+def _quiet_library_logs() -> None:
+    """py-libp2p logs routine events (its auto-connector's dial rounds) at INFO: keep them out of node logs."""
+    library = logging.getLogger("libp2p")
+    if library.level == logging.NOTSET:
+        library.setLevel(logging.WARNING)
 
 
 def _max_payload() -> int:
