@@ -3,9 +3,10 @@
 The planner stamps a `RankGroup` on the instance: ``hosts[r]`` is the ``ip:port`` rank r
 listens on. MLX's ring backend reads its peers from a JSON hostfile (``MLX_HOSTFILE``, one list
 of addresses per rank) and this process's rank from ``MLX_RANK``; only neighbour ranks
-(r-1, r+1 around the ring) are connected, which is all a pipeline needs. `init` blocks until
-every neighbour has joined, with no timeout of its own, so it runs on the compute thread and is
-waited for with the group's formation deadline.
+(r-1, r+1 around the ring) are connected, which is all a pipeline needs. MLX's `init` holds the GIL
+while it connects and cannot be interrupted, so the ranks first meet in plain Python
+(`rendezvous`, which honours the formation deadline and names a missing peer) and only then call
+it, on the compute thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from skulk_kernel.api import RankGroup
 
 from .compute import CollectiveTimeout, ComputeThread
+from .rendezvous import rendezvous
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -87,6 +89,7 @@ def form_group(group: RankGroup, rank: int, compute: ComputeThread) -> mx.distri
     size = len(group.hosts)
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is outside a group of {size} hosts")
+    rendezvous(group, rank)  # raises FormationTimeout (a TimeoutError) naming the missing peer
     hostfile = write_hostfile(group)
     os.environ["MLX_HOSTFILE"] = str(hostfile)
     os.environ["MLX_RANK"] = str(rank)
@@ -97,7 +100,8 @@ def form_group(group: RankGroup, rank: int, compute: ComputeThread) -> mx.distri
         return mx.distributed.init(strict=True, backend="ring")
 
     try:
-        world = compute.call(init, group.formation_deadline_s, "forming the ring group")
+        # Every rank is starting now; MLX's own connect retries (about 31 s) cover the stragglers.
+        world = compute.call(init, max(60.0, group.formation_deadline_s), "forming the ring group")
     except CollectiveTimeout:
         raise TimeoutError(
             f"rank {rank} of {size} could not form its group within {group.formation_deadline_s:g} s: "

@@ -124,6 +124,7 @@ class Stepper:
                 vector = vector + mx.array([0.0] * (width - 1) + [1.0])
         if self.group is not None and self.group.size() > 1:
             vector = mx.distributed.all_sum(vector, group=self.group)
+        mx.eval(vector)  # eval releases the GIL (tolist() alone would not), so timeouts can fire
         values = vector.tolist()
         token = int(values[0])
         top = tuple((int(values[2 + i]), float(values[2 + k + i])) for i in range(k))
