@@ -64,7 +64,7 @@ async function measureLatency(page, n) {
       const acked = fetch("/v1/tracing", { method: "PUT", body: JSON.stringify({ enabled: want }) }).then(() => performance.now());
       const [tShown, tAck] = await Promise.all([shown, acked]);
       samples.push({ requestToPage: tShown - t0, requestToAck: tAck - t0 });
-      await new Promise((r) => setTimeout(r, 60));
+      await new Promise((r) => setTimeout(r, 300)); // isolated changes, not one coalesced burst
     }
     // what a "changed" ping + refetch design would add: one GET /state per change
     const fetches = [];

@@ -55,8 +55,9 @@ def ensure_chromium() -> Path:
         pytest.skip(f"{CHROMIUM} is missing and installing it needs root (apt-get install chromium)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run([*sudo, apt, "update", "-qq"], check=False, env=env, capture_output=True, timeout=300)
-    done = subprocess.run([*sudo, apt, "install", "-y", "-qq", "chromium"], env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        [*sudo, apt, "install", "-y", "-qq", "chromium"], env=env, capture_output=True, text=True, timeout=900
+    )
     if done.returncode != 0 or not CHROMIUM.exists():
         raise RuntimeError(f"apt-get install chromium failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return CHROMIUM

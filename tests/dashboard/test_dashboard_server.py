@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-
 from skulk_testing.nodes import NodeProcess, start_node
 
 from .conftest import Dashboard
@@ -20,8 +18,12 @@ HTML = {"accept": "text/html,application/xhtml+xml"}
 @pytest.fixture(scope="module")
 def bare_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """A dev node whose dashboard folder does not exist (no Node.js on the machine, say)."""
-    node = start_node("dev", "--no-default-models", home=tmp_path_factory.mktemp("bare"),
-                      env={"SKULK_DASHBOARD_DIR": str(tmp_path_factory.mktemp("empty") / "nothing")})
+    node = start_node(
+        "dev",
+        "--no-default-models",
+        home=tmp_path_factory.mktemp("bare"),
+        env={"SKULK_DASHBOARD_DIR": str(tmp_path_factory.mktemp("empty") / "nothing")},
+    )
     try:
         yield node.wait_api()
     finally:

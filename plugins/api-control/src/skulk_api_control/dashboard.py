@@ -80,8 +80,12 @@ def node_timeout_s(node: NodeSurface) -> float | None:
 def snapshot(node: NodeSurface, reason: str, seq: int) -> str:
     """One SSE message: the `/state` body plus liveness, as `event: state`."""
     body = {
-        "seq": seq, "reason": reason, "sentAt": time.time(), "observerNodeId": node.node_id,
-        "nodeTimeoutS": node_timeout_s(node), "liveness": liveness(node, node.state),
+        "seq": seq,
+        "reason": reason,
+        "sentAt": time.time(),
+        "observerNodeId": node.node_id,
+        "nodeTimeoutS": node_timeout_s(node),
+        "liveness": liveness(node, node.state),
         "state": state_view(node),
     }
     return f"event: state\ndata: {json.dumps(body, separators=(',', ':'), default=str)}\n\n"
@@ -93,11 +97,14 @@ async def state_stream(node: NodeSurface, request: Request) -> AsyncIterator[str
     seq, reason = 0, "initial"
     while not node.stopping:
         seen = node.state
+
+        def changed(state: State, seen: State = seen) -> bool:
+            return state is not seen  # apply() returns a new State object: identity says "changed"
+
         yield snapshot(node, reason, seq)
         seq, sent_at = seq + 1, time.monotonic()
         try:
-            # apply() returns a new State object, so identity says "changed" without comparing
-            await node.wait_for(lambda s, seen=seen: s is not seen, TICK_S)
+            await node.wait_for(changed, TICK_S)
             reason = "change"
         except TimeoutError:
             reason = "tick"
@@ -141,13 +148,26 @@ def add_dashboard_routes(app: FastAPI, node: NodeSurface) -> None:
             return index()  # SPA fallback: the client-side router draws the page
         found = _asset(dist_dir(), rel)
         if found is None:
-            return JSONResponse({"error": {"message": f"no dashboard asset {rel!r}", "type": "not_found_error",
-                                           "param": None, "code": "not_found"}}, status_code=404)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"no dashboard asset {rel!r}",
+                        "type": "not_found_error",
+                        "param": None,
+                        "code": "not_found",
+                    }
+                },
+                status_code=404,
+            )
         immutable = rel.startswith("assets/")  # Vite puts a content hash in these names
-        return FileResponse(found, headers={"cache-control": "public, max-age=31536000, immutable"
-                                            if immutable else "no-cache"})
+        return FileResponse(
+            found, headers={"cache-control": "public, max-age=31536000, immutable" if immutable else "no-cache"}
+        )
 
     @app.get("/v1/events/stream", include_in_schema=False)
     async def events_stream(request: Request) -> StreamingResponse:
-        return StreamingResponse(state_stream(node, request), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        return StreamingResponse(
+            state_stream(node, request),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
