@@ -1,4 +1,5 @@
-"""Several real node processes on this host forming one cluster over Zenoh.
+"""Several real node processes on this host forming one cluster over Zenoh, or with the control
+plane on libp2p (`control` parametrizes every cluster test: "zenoh", "libp2p").
 
 Each cluster gets its own network version (a fresh value of SKULK_NETWORK_VERSION), so clusters
 of different tests, or an operator's own nodes on this machine, never join each other.
@@ -33,9 +34,18 @@ node_timeout_s = {timeout}
 multicast_scouting = {multicast}
 """
 
+# the same cluster with the control plane on libp2p gossipsub; telemetry and data stay on Zenoh
+PROFILE_LIBP2P = PROFILE.replace('"transport-zenoh", ', '"transport-zenoh", "transport-libp2p", ').replace(
+    'control = "zenoh"', 'control = "libp2p"\ntelemetry = "zenoh"\ndata = "zenoh"') + """
+[plugins.transport-libp2p]
+mdns = {multicast}
+"""
+PROFILES = {"zenoh": PROFILE, "libp2p": PROFILE_LIBP2P}
+
 
 class Cluster:
-    def __init__(self, tmp: Path, profile: Path, version: str, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, profile: Path, version: str, env: dict[str, str], control: str = "zenoh") -> None:
+        self.control = control
         self.tmp = tmp
         self.profile = profile
         self.version = version
@@ -65,6 +75,19 @@ class Cluster:
 
     def diag(self, node: NodeProcess) -> dict[str, Any]:
         return node.get("/v1/diagnostics/node").json()
+
+    def bootstrap_env(self, node: NodeProcess) -> tuple[list[str], dict[str, str]]:
+        """(args, env) that make a new node bootstrap from `node` on every transport of the profile.
+
+        Zenoh takes ``tcp/HOST:PORT`` in --bootstrap-peers; libp2p takes multiaddrs from
+        $SKULK_LIBP2P_BOOTSTRAP (Zenoh refuses multiaddrs in --bootstrap-peers).
+        """
+        transports = self.diag(node)["transports"]
+        zenoh = transports["data"] if self.control == "libp2p" else transports["control"]
+        args = ["--bootstrap-peers", f"tcp/127.0.0.1:{zenoh['listen'][0].rsplit(':', 1)[1]}"]
+        if self.control != "libp2p":
+            return args, {}
+        return args, {"SKULK_LIBP2P_BOOTSTRAP": ",".join(transports["control"]["listen"])}
 
     def agreed(self, nodes: list[NodeProcess] | None = None) -> tuple[str, str] | None:
         """(master, state hash) when every node reports the same, with everyone in the topology."""
@@ -105,8 +128,14 @@ class Cluster:
             node.stop()
 
 
+@pytest.fixture(params=sorted(PROFILES, reverse=True))
+def control(request: pytest.FixtureRequest) -> str:
+    """The transport of the control plane ("zenoh", "libp2p"); select one with -k."""
+    return str(request.param)
+
+
 @pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+def cluster_factory(tmp_path: Path, control: str) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(
@@ -125,7 +154,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
                 engine=engine,
             )
         )
-        cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {})
+        cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {}, control)
         made.append(cluster)
         return cluster
 

@@ -1,4 +1,4 @@
-"""Issue [cluster] acceptance: real node processes over Zenoh, real kills, bounded in time."""
+"""Issue [cluster] acceptance: real node processes over Zenoh (or control on libp2p), real kills, bounded in time."""
 
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ def test_three_nodes_form_one_cluster_by_multicast(cluster_factory):
 def test_three_nodes_form_one_cluster_with_bootstrap_peers_only(cluster_factory):
     cluster = cluster_factory(default_models=(), multicast=False)
     first = cluster.start().wait_api()
-    first.wait_until(lambda: cluster.diag(first)["transports"]["control"]["listen"], 20, "listen locators")
-    locator = cluster.diag(first)["transports"]["control"]["listen"][0]
-    port = locator.rsplit(":", 1)[1]
+    first.wait_until(lambda: all(t.get("listen") for t in cluster.diag(first)["transports"].values()), 20,
+                     "listen locators")
+    args, env = cluster.bootstrap_env(first)
     for _ in range(2):
-        cluster.start("--bootstrap-peers", f"tcp/127.0.0.1:{port}")
+        cluster.start(*args, env=env)
     master, _ = cluster.wait_agreed(60)
     assert master in {cluster.node_id(n) for n in cluster.nodes}
 

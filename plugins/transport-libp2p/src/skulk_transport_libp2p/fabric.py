@@ -44,6 +44,7 @@ Handler = Callable[[str, bytes], "bytes | Awaitable[bytes]"]
 MAX_REPLY_BYTES = 1 << 30
 TARGET_TTL_S = 60.0
 RPC_SERVE_TIMEOUT_S = 60.0
+BATCH_BYTES = 512 << 10  # records gathered into one gossipsub message (its limit is 1 MiB)
 
 
 class NoReply(TimeoutError):
@@ -63,6 +64,7 @@ class FabricOwner(Protocol):
     key_pair: Any
     noise_key: Any
     outbox: deque[tuple[str, str, bytes]]
+    sender_header: bytes
 
     def deliver(self, topic: Topic, sender: str, payload: bytes) -> None: ...
     def peer_changed(self, node_id: str, joined: bool) -> None: ...
@@ -224,13 +226,14 @@ class Fabric:
         if topic is None:
             return
         try:
-            sender, seq, payload = frames.decode_broadcast(msg.data)
+            sender, records = frames.decode_broadcast(msg.data)
         except MalformedFrame as exc:
             self._note_malformed(f"gossipsub {topic.value}", exc)
             return
         if sender == self.owner.node_id:
             return
-        self.reorder.push(topic.value, sender, seq, payload)
+        for seq, payload in records:
+            self.reorder.push(topic.value, sender, seq, payload)
 
     def _deliver_ordered(self, topic: str, sender: str, payload: bytes) -> None:
         self.owner.deliver(Topic(topic), sender, payload)
@@ -251,12 +254,19 @@ class Fabric:
                     await self._wake.wait()
                 self.idle = False
                 continue
-            kind, target, frame = outbox.popleft()
-            if kind == "pub":
+            # everything queued goes at once: one gossipsub message per topic carries all its records
+            batches: dict[str, list[bytes]] = {}
+            size = 0
+            while outbox and not (size and size + len(outbox[0][2]) > BATCH_BYTES):
+                kind, target, frame = outbox.popleft()
+                if kind == "pub":
+                    batches.setdefault(target, []).append(frame)
+                    size += len(frame)
+                else:
+                    self._send_direct(target, frame)
+            for name, records in batches.items():
                 await self._pace()
-                await self.pubsub.publish(target, frame)
-            else:
-                self._send_direct(target, frame)
+                await self.pubsub.publish(name, frames.encode_broadcast(self.owner.sender_header, records))
 
     async def _pace(self) -> None:
         delay = 0.0005

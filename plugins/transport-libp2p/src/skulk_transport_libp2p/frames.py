@@ -1,9 +1,11 @@
 """Wire formats of this transport, pure bytes in and out (no libp2p), so they are unit-tested alone.
 
-* A gossipsub message's data is ``MAGIC | len(sender) | sender | seq (8 bytes) | payload``: the
-  node id of its publisher and that publisher's sequence number on the topic. py-libp2p hands
-  received messages on in tasks of their own, which trio runs in any order, so the receiver puts
-  them back in order by `seq` (reorder.py).
+* A gossipsub message's data is ``MAGIC | len(sender) | sender | record...``, each record
+  ``seq (8 bytes) | len (4 bytes) | payload``: the node id of its publisher, then one or more of its
+  messages on the topic with its sequence numbers there. Several records per gossipsub message
+  is what makes a burst cheap (py-libp2p costs milliseconds of CPU per message, not per byte).
+  py-libp2p hands received messages on in tasks of their own, which trio runs in any order, so
+  the receiver puts records back in order by `seq` (reorder.py).
 * Direct streams (links and requests) carry frames ``length (4 bytes) | kind (1 byte) | body``.
 """
 
@@ -14,6 +16,7 @@ import struct
 MAGIC = b"SKL1"
 _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
+RECORD_HEADER = _SEQ.size + _LEN.size
 
 # link frame kinds
 HELLO = b"H"  # body: json {"node": id, "v": version, "addrs": [multiaddr...]}; first frame on a link
@@ -36,25 +39,40 @@ def sender_header(node_id: str) -> bytes:
     return raw
 
 
-def encode_broadcast(sender: bytes, seq: int, payload: bytes) -> bytes:
-    return b"".join((MAGIC, bytes((len(sender),)), sender, _SEQ.pack(seq), payload))
+def encode_record(seq: int, payload: bytes) -> bytes:
+    return _SEQ.pack(seq) + _LEN.pack(len(payload)) + payload
 
 
-def decode_broadcast(data: bytes) -> tuple[str, int, bytes]:
-    """(sender node id, seq, payload); MalformedFrame for anything else."""
+def encode_broadcast(sender: bytes, records: list[bytes]) -> bytes:
+    """One gossipsub message: the header, then records made by `encode_record`."""
+    return b"".join((MAGIC, bytes((len(sender),)), sender, *records))
+
+
+def decode_broadcast(data: bytes) -> tuple[str, list[tuple[int, bytes]]]:
+    """(sender node id, [(seq, payload)...]); MalformedFrame for anything else."""
     if len(data) < len(MAGIC) + 1 or data[: len(MAGIC)] != MAGIC:
         raise MalformedFrame(f"no skulk header ({len(data)} bytes, starts {data[:8]!r})")
     n = data[len(MAGIC)]
     start = len(MAGIC) + 1
-    end = start + n
-    if n == 0 or len(data) < end + _SEQ.size:
+    at = start + n
+    if n == 0 or len(data) < at + RECORD_HEADER:
         raise MalformedFrame(f"truncated header ({len(data)} bytes, sender length {n})")
     try:
-        sender = data[start:end].decode()
+        sender = data[start:at].decode()
     except UnicodeDecodeError as exc:
         raise MalformedFrame(f"sender id is not utf-8: {exc}") from None
-    (seq,) = _SEQ.unpack_from(data, end)
-    return sender, seq, data[end + _SEQ.size :]
+    records = []
+    while at < len(data):
+        if len(data) < at + RECORD_HEADER:
+            raise MalformedFrame(f"truncated record header at byte {at}")
+        (seq,) = _SEQ.unpack_from(data, at)
+        (length,) = _LEN.unpack_from(data, at + _SEQ.size)
+        end = at + RECORD_HEADER + length
+        if end > len(data):
+            raise MalformedFrame(f"record of {length} bytes at byte {at} runs past the end ({len(data)})")
+        records.append((seq, data[at + RECORD_HEADER : end]))
+        at = end
+    return sender, records
 
 
 def encode_frame(kind: bytes, body: bytes = b"") -> bytes:

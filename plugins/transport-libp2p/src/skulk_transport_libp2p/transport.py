@@ -73,6 +73,7 @@ class Libp2pTransport:
         self._node = weakref.ref(node) if node is not None else None
         self.node_id = ""
         self._sender = b""
+        self.sender_header = b""
         self.key_pair: Any = None
         self.noise_key: Any = None
         self.outbox: deque[tuple[str, str, bytes]] = deque()
@@ -108,6 +109,7 @@ class Libp2pTransport:
 
         self.node_id = node_id
         self._sender = frames.sender_header(node_id)
+        self.sender_header = self._sender
         self._loop = asyncio.get_running_loop()
         self._stopping = False
         self.key_pair = create_new_key_pair()
@@ -215,7 +217,7 @@ class Libp2pTransport:
         self._deliver_local(topic, self.node_id, payload)
         seq = self._seq.get(topic, 0)
         self._seq[topic] = seq + 1
-        await self._enqueue(("pub", self._names[topic], frames.encode_broadcast(self._sender, seq, payload)))
+        await self._enqueue(("pub", self._names[topic], frames.encode_record(seq, payload)))
 
     async def send(self, node_id: str, topic: Topic, payload: bytes) -> None:
         """Deliver to `topic`'s subscribers on `node_id` only, over that peer's link; to self directly."""
