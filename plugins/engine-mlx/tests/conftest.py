@@ -19,17 +19,29 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # the helpers next to the tests (ranks.py, tiny_model.py)
+if str(_HERE) not in sys.path:  # the helpers next to the tests (tiny_model.py)
     sys.path.insert(0, str(_HERE))
 
 from skulk_kernel.api import ModelCard  # noqa: E402
 
-SMOLLM2_CARD = ModelCard(model_id="HuggingFaceTB/SmolLM2-135M-Instruct-MLX", n_layers=30, hidden_size=576,
-                         num_key_value_heads=3, supports_tensor=True, context_length=8192,
-                         compatible_backends=("mlx-cpu", "mlx-metal"))
-QWEN05_CARD = ModelCard(model_id="Qwen/Qwen2.5-Coder-0.5B-Instruct-MLX", n_layers=24, hidden_size=896,
-                        num_key_value_heads=2, supports_tensor=True, context_length=32768,
-                        compatible_backends=("mlx-cpu", "mlx-metal"))
+SMOLLM2_CARD = ModelCard(
+    model_id="HuggingFaceTB/SmolLM2-135M-Instruct-MLX",
+    n_layers=30,
+    hidden_size=576,
+    num_key_value_heads=3,
+    supports_tensor=True,
+    context_length=8192,
+    compatible_backends=("mlx-cpu", "mlx-metal"),
+)
+QWEN05_CARD = ModelCard(
+    model_id="Qwen/Qwen2.5-Coder-0.5B-Instruct-MLX",
+    n_layers=24,
+    hidden_size=896,
+    num_key_value_heads=2,
+    supports_tensor=True,
+    context_length=32768,
+    compatible_backends=("mlx-cpu", "mlx-metal"),
+)
 
 
 @pytest.fixture(scope="session")
@@ -81,5 +93,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_card() -> ModelCard:
     from tiny_model import N_LAYERS
 
-    return ModelCard(model_id="test/tiny-mlx", n_layers=N_LAYERS, hidden_size=128, num_key_value_heads=2,
-                     context_length=160, compatible_backends=("mlx-cpu", "mlx-metal"))
+    return ModelCard(
+        model_id="test/tiny-mlx",
+        n_layers=N_LAYERS,
+        hidden_size=128,
+        num_key_value_heads=2,
+        context_length=160,
+        compatible_backends=("mlx-cpu", "mlx-metal"),
+    )

@@ -46,8 +46,11 @@ def session(tiny_model: Path, tiny_card: ModelCard) -> Iterator[MlxSession]:
 
 def ask(text: str = "hello world", **sampling: Any) -> TextGenerationParams:
     sampling.setdefault("temperature", 0.0)
-    return TextGenerationParams(model_id="test/tiny-mlx", messages=(ChatMessage(role="user", content=text),),
-                                sampling=SamplingParams(**sampling))
+    return TextGenerationParams(
+        model_id="test/tiny-mlx",
+        messages=(ChatMessage(role="user", content=text),),
+        sampling=SamplingParams(**sampling),
+    )
 
 
 def run(session: MlxSession, params: TextGenerationParams) -> tuple[str, list[Any]]:
@@ -86,8 +89,9 @@ def test_seeded_sampling_repeats_and_seeds_differ(session: MlxSession) -> None:
     a, _ = run(session, ask(max_tokens=24, temperature=1.5, seed=7))
     b, _ = run(session, ask(max_tokens=24, temperature=1.5, seed=7))
     c, _ = run(session, ask(max_tokens=24, temperature=1.5, seed=8))
-    d, _ = run(session, ask(max_tokens=24, temperature=1.5, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                            seed=7))
+    d, _ = run(
+        session, ask(max_tokens=24, temperature=1.5, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, seed=7)
+    )
     assert a == b and a != c and d
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ranks import PROMPTS, RankReport, run_ranks
-from skulk_kernel.api import ModelCard
-
 from conftest import QWEN05_CARD, SMOLLM2_CARD
+from skulk_engine_mlx.localranks import PROMPTS, RankReport, run_ranks
+from skulk_kernel.api import ModelCard
 
 MiB = 2**20
 
@@ -34,10 +33,10 @@ def test_tiny_two_rank_pipeline_equals_one_rank(tiny_model: Path, tiny_card: Mod
 
 
 def test_rank_whose_peer_never_starts_fails_after_the_deadline(tiny_model: Path, tiny_card: ModelCard) -> None:
-    (report,) = run_ranks(tiny_model, tiny_card, 2, prompts=PROMPTS[:1], deadline_s=3.0, timeout_s=60,
-                          only_ranks=[1])
-    assert report.error is not None and report.error.startswith("FormationTimeout: rank 1 of 2 could not form its group "
-                                                                "within 3 s: peer rank 0 at 127.0.0.1:"), report.error
+    (report,) = run_ranks(tiny_model, tiny_card, 2, prompts=PROMPTS[:1], deadline_s=3.0, timeout_s=60, only_ranks=[1])
+    assert report.error is not None and report.error.startswith(
+        "FormationTimeout: rank 1 of 2 could not form its group within 3 s: peer rank 0 at 127.0.0.1:"
+    ), report.error
     assert report.error.endswith("never joined")
 
 
@@ -57,9 +56,11 @@ def smollm2_single(smollm2_mlx: Path) -> RankReport:
 def test_smollm2_pipeline_equals_single_rank(smollm2_mlx: Path, smollm2_single: RankReport, world: int) -> None:
     reports = run_ranks(smollm2_mlx, SMOLLM2_CARD, world, timeout_s=360)
     whole = sum(p.stat().st_size for p in smollm2_mlx.parent.glob("*.safetensors"))
-    print(f"\n{world}-rank pipeline: single-rank RSS {smollm2_single.rss_after_load / MiB:.0f} MiB "
-          f"(weights {whole / MiB:.0f} MiB); per rank "
-          + ", ".join(f"rank {r.rank} {r.rss_after_load / MiB:.0f} MiB" for r in reports))
+    print(
+        f"\n{world}-rank pipeline: single-rank RSS {smollm2_single.rss_after_load / MiB:.0f} MiB "
+        f"(weights {whole / MiB:.0f} MiB); per rank "
+        + ", ".join(f"rank {r.rank} {r.rss_after_load / MiB:.0f} MiB" for r in reports)
+    )
     print(f"decode tok/s single {smollm2_single.decode_tps} vs rank 0 {reports[0].decode_tps}")
     assert_all_equal(smollm2_single, reports)
     assert sum(len(t) for t in smollm2_single.tokens) >= 5 * 32  # real answers, not early stops
@@ -82,6 +83,8 @@ def test_qwen_two_way_tensor_equals_single_rank(qwen05_mlx: Path) -> None:
     (single,) = run_ranks(qwen05_mlx, QWEN05_CARD, 1, prompts=prompts, max_tokens=12, timeout_s=180)
     assert single.error is None, single.error
     reports = run_ranks(qwen05_mlx, QWEN05_CARD, 2, "Tensor", prompts=prompts, max_tokens=12, timeout_s=240)
-    print(f"\nqwen 2-way tensor RSS: single {single.rss_after_load / MiB:.0f} MiB, ranks "
-          + ", ".join(f"{r.rss_after_load / MiB:.0f}" for r in reports))
+    print(
+        f"\nqwen 2-way tensor RSS: single {single.rss_after_load / MiB:.0f} MiB, ranks "
+        + ", ".join(f"{r.rss_after_load / MiB:.0f}" for r in reports)
+    )
     assert_all_equal(single, reports)

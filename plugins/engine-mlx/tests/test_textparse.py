@@ -50,8 +50,10 @@ def test_reasoning_opened_by_the_template() -> None:
 
 def test_tool_call_is_parsed_and_tags_never_leak() -> None:
     router = TextRouter(tools=["get_weather"])
-    items = feed_all(router, ["Let me check. <tool", '_call>\n{"name": "get_weather", "argu',
-                              'ments": {"city": "Paris"}}\n</tool_call>'])
+    items = feed_all(
+        router,
+        ["Let me check. <tool", '_call>\n{"name": "get_weather", "argu', 'ments": {"city": "Paris"}}\n</tool_call>'],
+    )
     calls = [i for i in items if isinstance(i, ToolCall)]
     assert len(calls) == 1 and calls[0].name == "get_weather"
     assert json.loads(calls[0].arguments) == {"city": "Paris"}

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 CORPUS = [
@@ -37,19 +38,37 @@ def write_tiny_model(folder: Path, seed: int = 0) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
-                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
     fast.chat_template = CHATML
     fast.save_pretrained(str(folder))
     vocab = tok.get_vocab_size()
 
-    config = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": N_LAYERS, "intermediate_size": 256,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": vocab,
-              "tie_word_embeddings": False, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-              "eos_token_id": tok.token_to_id("<|im_end|>")}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 128,
+        "num_hidden_layers": N_LAYERS,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "eos_token_id": tok.token_to_id("<|im_end|>"),
+    }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     params = dict(tree_flatten(model.parameters()))

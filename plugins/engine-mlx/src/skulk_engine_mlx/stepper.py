@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .compute import ComputeThread
@@ -49,9 +50,17 @@ class Request:
 
 
 class Stepper:
-    def __init__(self, model: nn.Module, group: mx.distributed.Group | None, samples: bool,
-                 compute: ComputeThread, timeout_s: float | None, prefill_step: int,
-                 make_cache: Callable[[], list[Any]], quantize_cache: Callable[[list[Any]], None]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        group: mx.distributed.Group | None,
+        samples: bool,
+        compute: ComputeThread,
+        timeout_s: float | None,
+        prefill_step: int,
+        make_cache: Callable[[], list[Any]],
+        quantize_cache: Callable[[list[Any]], None],
+    ) -> None:
         self.model = model
         self.group = group
         self.samples = samples  # this rank holds the logits and samples
@@ -65,14 +74,19 @@ class Stepper:
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         return self.compute.call(fn, self.timeout_s, what)
 
-    def start(self, prompt: list[int], request: Request, cancelled: Callable[[], bool],
-              progress: Callable[[int, int], None] | None = None) -> StepResult:
+    def start(
+        self,
+        prompt: list[int],
+        request: Request,
+        cancelled: Callable[[], bool],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> StepResult:
         """Prefill the prompt (fresh cache) and agree on the first token."""
         self.cache = self._call(self.make_cache, "making the KV cache")
         done = 0
         while len(prompt) - done > self.prefill_step:
             chunk = prompt[done : done + self.prefill_step]
-            self._call(lambda c=chunk: self._prefill(c), "a prefill step")
+            self._call(partial(self._prefill, chunk), "a prefill step")
             done += len(chunk)
             if progress is not None:
                 progress(done, len(prompt))
@@ -125,8 +139,6 @@ class Stepper:
         if self.group is not None and self.group.size() > 1:
             vector = mx.distributed.all_sum(vector, group=self.group)
         mx.eval(vector)  # eval releases the GIL (tolist() alone would not), so timeouts can fire
-        values = vector.tolist()
-        token = int(values[0])
-        top = tuple((int(values[2 + i]), float(values[2 + k + i])) for i in range(k))
-        top = tuple(sorted(top, key=lambda t: -t[1]))
-        return StepResult(token=token, logprob=float(values[1]), top=top, cancelled=values[-1] > 0.5)
+        values = [float(v) for v in vector.tolist()]  # type: ignore[union-attr,arg-type]
+        top = sorted(((int(values[2 + i]), values[2 + k + i]) for i in range(k)), key=lambda t: -t[1])
+        return StepResult(token=int(values[0]), logprob=values[1], top=tuple(top), cancelled=values[-1] > 0.5)

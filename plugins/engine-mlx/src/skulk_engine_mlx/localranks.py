@@ -1,8 +1,8 @@
-"""Run an instance's ranks as separate spawned processes on 127.0.0.1 (what runners do).
+"""Run an instance's ranks as separate spawned processes on 127.0.0.1, for tests and benchmarks.
 
-Each child builds its RunnerSpec, calls the engine's load() (which forms the ring group), runs
-the same greedy generations as every other rank, and reports its tokens, text and RSS. The
-parent bounds everything in time and kills every child it started.
+What runners do, without a node: each child builds its RunnerSpec, calls the engine's load()
+(which forms the ring group), runs the same greedy generations as every other rank, and reports
+its tokens, text and RSS. The parent bounds everything in time and kills every child it started.
 """
 
 from __future__ import annotations
@@ -15,6 +15,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from skulk_kernel.api import (
+    ChatMessage,
+    ErrorChunk,
+    ModelCard,
+    PipelineShardMetadata,
+    RankGroup,
+    RunnerSpec,
+    SamplingParams,
+    TensorShardMetadata,
+    TextGenerationParams,
+    TokenChunk,
+)
 
 PROMPTS = (
     "What is the capital of France?",
@@ -58,28 +71,59 @@ def layer_ranges(n_layers: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def build_spec(model_path: Path, card: Any, rank: int, world: int, mode: str, hosts: list[str] | None,
-               deadline_s: float, options: dict[str, Any]) -> Any:
-    from skulk_kernel.api import PipelineShardMetadata, RankGroup, RunnerSpec, TensorShardMetadata
-
+def build_spec(
+    model_path: Path,
+    card: ModelCard,
+    rank: int,
+    world: int,
+    mode: str,
+    hosts: list[str] | None,
+    deadline_s: float,
+    options: dict[str, Any],
+) -> RunnerSpec:
     if mode == "Tensor":
         start, end = 0, card.n_layers
-        cls: Any = TensorShardMetadata
+        cls: type[PipelineShardMetadata] | type[TensorShardMetadata] = TensorShardMetadata
     else:
         start, end = layer_ranges(card.n_layers, world)[rank]
         cls = PipelineShardMetadata
-    shard = cls(model_id=card.model_id, device_rank=rank, world_size=world, start_layer=start, end_layer=end,
-                n_layers=card.n_layers, backend="mlx-cpu")
+    shard = cls(
+        model_id=card.model_id,
+        device_rank=rank,
+        world_size=world,
+        start_layer=start,
+        end_layer=end,
+        n_layers=card.n_layers,
+        backend="mlx-cpu",
+    )
     group = RankGroup(hosts=tuple(hosts), formation_deadline_s=deadline_s, collective_timeout_s=60.0) if hosts else None
-    return RunnerSpec(instance_id="test", runner_id=f"r{rank}", shard=shard, card=card, model_path=model_path,
-                      group=group, options=dict(options))
+    return RunnerSpec(
+        instance_id="test",
+        runner_id=f"r{rank}",
+        shard=shard,
+        card=card,
+        model_path=model_path,
+        group=group,
+        options=dict(options),
+    )
 
 
-def rank_main(out: Any, model_path: str, card_json: str, rank: int, world: int, mode: str, hosts: list[str] | None,
-              deadline_s: float, prompts: tuple[str, ...], max_tokens: int, options: dict[str, Any]) -> None:
+def rank_main(
+    out: Any,
+    model_path: str,
+    card_json: str,
+    rank: int,
+    world: int,
+    mode: str,
+    hosts: list[str] | None,
+    deadline_s: float,
+    prompts: tuple[str, ...],
+    max_tokens: int,
+    options: dict[str, Any],
+) -> None:
     import psutil
-    from skulk_kernel.api import ChatMessage, ModelCard, SamplingParams, TextGenerationParams, TokenChunk
-    from skulk_engine_mlx.engine import MlxEngine
+
+    from .engine import MlxEngine
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     report = RankReport(rank=rank)
@@ -91,17 +135,20 @@ def rank_main(out: Any, model_path: str, card_json: str, rank: int, world: int, 
         report.load_s = time.perf_counter() - started
         report.rss_after_load = psutil.Process().memory_info().rss
         for prompt in prompts:
-            params = TextGenerationParams(model_id=card.model_id, messages=(ChatMessage(role="user", content=prompt),),
-                                          sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+            params = TextGenerationParams(
+                model_id=card.model_id,
+                messages=(ChatMessage(role="user", content=prompt),),
+                sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+            )
             chunks = list(session.generate("t", params, lambda: False))
             report.tokens.append(list(session.last_tokens))
             report.texts.append("".join(c.text for c in chunks if isinstance(c, TokenChunk)))
             if chunks[-1].stats is not None:
                 report.decode_tps.append(chunks[-1].stats.generation_tps)
                 report.ttft_ms.append(chunks[-1].stats.ttft_ms)
-            if type(chunks[-1]).__name__ == "ErrorChunk":
-                raise RuntimeError(str(chunks[-1]))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            if isinstance(chunks[-1], ErrorChunk):
+                raise RuntimeError(chunks[-1].message)
+    except BaseException as exc:
         report.error = f"{type(exc).__name__}: {exc}"
     out.put(report)
     out.close()
@@ -109,19 +156,43 @@ def rank_main(out: Any, model_path: str, card_json: str, rank: int, world: int, 
     os._exit(0)  # skip MLX's ring teardown (it may wait on peers that already left)
 
 
-def run_ranks(model_path: Path, card: Any, world: int, mode: str = "Pipeline", *, prompts: tuple[str, ...] = PROMPTS,
-              max_tokens: int = 64, deadline_s: float = 60.0, timeout_s: float = 240.0,
-              options: dict[str, Any] | None = None, only_ranks: list[int] | None = None) -> list[RankReport]:
+def run_ranks(
+    model_path: Path,
+    card: ModelCard,
+    world: int,
+    mode: str = "Pipeline",
+    *,
+    prompts: tuple[str, ...] = PROMPTS,
+    max_tokens: int = 64,
+    deadline_s: float = 60.0,
+    timeout_s: float = 240.0,
+    options: dict[str, Any] | None = None,
+    only_ranks: list[int] | None = None,
+) -> list[RankReport]:
     """Start `world` ranks (or only `only_ranks` of them), wait for their reports, kill them all."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     hosts = [f"127.0.0.1:{p}" for p in free_ports(world)] if world > 1 else None
-    procs = []
+    procs: list[Any] = []
     try:
         for rank in only_ranks if only_ranks is not None else range(world):
-            proc = ctx.Process(target=rank_main, daemon=True,
-                               args=(out, str(model_path), card.model_dump_json(), rank, world, mode, hosts,
-                                     deadline_s, prompts, max_tokens, dict(options or {})))
+            proc = ctx.Process(
+                target=rank_main,
+                daemon=True,
+                args=(
+                    out,
+                    str(model_path),
+                    card.model_dump_json(),
+                    rank,
+                    world,
+                    mode,
+                    hosts,
+                    deadline_s,
+                    prompts,
+                    max_tokens,
+                    dict(options or {}),
+                ),
+            )
             proc.start()
             procs.append(proc)
         reports: list[RankReport] = []
