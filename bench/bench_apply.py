@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernel" / "src"))
 import msgpack
 from skulk_kernel import events as ev
 from skulk_kernel.apply import apply
-from skulk_kernel.instances import RingInstance, PipelineShardMetadata, RunnerReady, RunnerRunning, ShardAssignments
+from skulk_kernel.instances import PipelineShardMetadata, RingInstance, RunnerReady, RunnerRunning, ShardAssignments
 from skulk_kernel.state import State
 from skulk_kernel.tasks import ChatMessage, SamplingParams, TextGenerationParams, TextGenerationTask
 

@@ -26,8 +26,8 @@ from skulk_kernel.apply import OutOfOrderEvent, _apply_event, apply, replay
 from skulk_kernel.events import EVENT_TYPES, Event, IndexedEvent
 from skulk_kernel.hooks import GuardedHooks
 from skulk_kernel.instances import (
-    RingInstance,
     PipelineShardMetadata,
+    RingInstance,
     RunnerFailed,
     RunnerLoading,
     RunnerReady,

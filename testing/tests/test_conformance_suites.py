@@ -62,8 +62,9 @@ class PlainTextAdapter:
     name = "plain"
 
     def to_params(self, body: dict[str, Any]) -> TextGenerationParams:
-        return TextGenerationParams(model_id=body["model"],
-                                    messages=(ChatMessage(role="user", content=body["prompt"]),))
+        return TextGenerationParams(
+            model_id=body["model"], messages=(ChatMessage(role="user", content=body["prompt"]),)
+        )
 
     async def stream(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         async for chunk in chunks:
@@ -88,8 +89,7 @@ class UpperCaser:
         self.seen = 0
 
     def transform(self, command: Any) -> Any:
-        messages = tuple(m.model_copy(update={"content": (m.content or "").upper()})
-                         for m in command.params.messages)
+        messages = tuple(m.model_copy(update={"content": (m.content or "").upper()}) for m in command.params.messages)
         return command.model_copy(update={"params": command.params.model_copy(update={"messages": messages})})
 
     def observe(self, command: Any, chunk: Any) -> None:
@@ -166,17 +166,32 @@ class TestDeafTransport(TransportConformance):
 
 def test_suites_fail_broken_implementations(tmp_path: Path) -> None:
     (tmp_path / "test_broken.py").write_text(textwrap.dedent(BROKEN))
-    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n"
-                                         "asyncio_default_fixture_loop_scope = function\n")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
     report = tmp_path / "report.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                    str(tmp_path / "test_broken.py")], cwd=tmp_path, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            str(tmp_path / "test_broken.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
     outcome = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         skipped = case.find("skipped") is not None
         outcome[f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"] = (
-            "failed" if failed else "skipped" if skipped else "passed")
+            "failed" if failed else "skipped" if skipped else "passed"
+        )
     must_fail = {
         "TestSloppyEngine::test_backend_tags",
         "TestSloppyEngine::test_load_reports_progress",

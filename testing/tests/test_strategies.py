@@ -160,11 +160,9 @@ def test_hookspec_names_are_in_source_order() -> None:
 def test_fake_plugin_is_seen_by_metadata(fake_plugin: Any) -> None:
     from skulk_kernel.plugins import installed_plugins
 
-    fake_plugin("skulk-fake-metadata", "1.2.3", module="skulk_fake_metadata_mod",
-                module_source="X = 1\n")
+    fake_plugin("skulk-fake-metadata", "1.2.3", module="skulk_fake_metadata_mod", module_source="X = 1\n")
     info = installed_plugins()["fake-metadata"]
-    assert (info.distribution, info.version, info.module) == ("skulk-fake-metadata", "1.2.3",
-                                                              "skulk_fake_metadata_mod")
+    assert (info.distribution, info.version, info.module) == ("skulk-fake-metadata", "1.2.3", "skulk_fake_metadata_mod")
     assert info.kernel_range in (">=0.1,<0.2", "<0.2,>=0.1")
 
 

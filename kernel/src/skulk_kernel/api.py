@@ -25,7 +25,7 @@ from .contracts import (
     NodeSurface, PeerEvent, PlacementError, PlacementRequest, Planner, RunnerSpec, Transport,
 )
 from .decide import (
-    Decision, DecisionView, Effect, ForgetNode, Park, Reply, Unpark, decide, derived_id, dispatch,
+    Decision, DecisionView, Effect, ForgetNode, Park, Reply, Retry, Unpark, decide, derived_id, dispatch,
     pick_instance, place, replace_lost, state_after, teardown,
 )
 from .events import (

@@ -48,12 +48,14 @@ class FailInstance(CommandBase):
     """End an instance with a recorded failure.
 
     `replace_excluding` names the node at fault when the failure is local to it (its model files
-    could not be staged): the master then places the model again without that node.
+    could not be staged): the master then places the model again without that node. `replace`
+    asks for a new placement without naming a culprit (a rank lost its group: a peer died).
     """
 
     instance_id: InstanceId
     reason: str
     replace_excluding: NodeId | None = None
+    replace: bool = False
 
 
 class TextGeneration(CommandBase):
@@ -92,20 +94,12 @@ class SetTracingEnabled(CommandBase):
     enabled: bool
 
 
+# fmt: off
 Command: TypeAlias = (
-    PlaceInstance
-    | CreateInstance
-    | DeleteInstance
-    | RefuseInstancePlacement
-    | FailInstance
-    | TextGeneration
-    | TextEmbedding
-    | CancelTask
-    | FinishTask
-    | AddCustomModelCard
-    | DeleteCustomModelCard
-    | SetTracingEnabled
+    PlaceInstance | CreateInstance | DeleteInstance | RefuseInstancePlacement | FailInstance | TextGeneration
+    | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
 )
+# fmt: on
 COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)
 if not TYPE_CHECKING:
     Command = tagged_union(Command)

@@ -22,8 +22,6 @@ from .tasks import Chunk, EmbeddingParams, TextGenerationParams
 from .topics import Topic
 
 if TYPE_CHECKING:
-    import pluggy
-
     from .eventlog import EventLog
     from .hooks import GuardedHooks
     from .node import NodeOptions
@@ -51,8 +49,6 @@ class NodeSurface(Protocol):
     @property
     def options(self) -> NodeOptions: ...
     @property
-    def home(self) -> Path: ...
-    @property
     def started_at(self) -> float: ...
     def plugin_config(self, plugin: str) -> Any: ...
     def runtime_info(self) -> dict[str, Any]: ...
@@ -67,8 +63,6 @@ class NodeSurface(Protocol):
     @property
     def event_log(self) -> EventLog: ...
     async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State: ...
-    async def set_master(self, master_id: str | None) -> None:
-        """For elections only: report the winner (None while an election runs)."""
 
     # --- planes
     @property
@@ -96,8 +90,6 @@ class NodeSurface(Protocol):
     def planners(self) -> Mapping[str, Planner]: ...
     @property
     def model_stores(self) -> Mapping[str, ModelStore]: ...
-    @property
-    def elections(self) -> Mapping[str, Election]: ...
     def engine_owner(self, engine_name: str) -> str:
         """The plugin that registered `engine_name` (a runner loads only that plugin)."""
 
@@ -109,8 +101,6 @@ class NodeSurface(Protocol):
     @property
     def hooks(self) -> GuardedHooks: ...
     @property
-    def pm(self) -> pluggy.PluginManager: ...
-    @property
     def extensions(self) -> dict[str, Any]:
         """plugin name -> the per-node object that plugin keeps (its worker, its master...)."""
 
@@ -118,7 +108,6 @@ class NodeSurface(Protocol):
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
     @property
     def stopping(self) -> bool: ...
-    def request_stop(self) -> None: ...
     def fail(self, reason: str) -> None: ...
 
 
@@ -201,6 +190,8 @@ class NodeCapacity:
     ram_total: int
     backends: tuple[str, ...]
     models_present: frozenset[str] = frozenset()
+    splits: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> Engine.splits
+    addresses: tuple[str, ...] = ()  # IPv4 addresses a rank on this node can listen on
 
 
 class PlacementError(Exception):

@@ -66,13 +66,20 @@ class Unpark:
 
 
 @dataclass(frozen=True)
+class Retry:
+    """A re-placement that found no capacity: the master tries it again until capacity allows."""
+
+    command: cmd.PlaceInstance
+
+
+@dataclass(frozen=True)
 class ForgetNode:
     """Drop a pruned node's telemetry so it is no longer a placement candidate."""
 
     node_id: str
 
 
-Effect = Park | Unpark | ForgetNode
+Effect = Park | Unpark | Retry | ForgetNode
 
 
 @dataclass(frozen=True)
@@ -210,7 +217,7 @@ def replace_lost(
         return Decision(
             events=(ev.InstanceCreated(instance=instance),), log=(f"re-placing {model_id} as {instance.instance_id}",)
         )
-    return Decision(log=(f"cannot re-place {model_id}: {last}",))
+    return Decision(log=(f"cannot re-place {model_id} yet (retrying): {last}",), effects=(Retry(retry),))
 
 
 def _end_and_replace(
@@ -318,9 +325,10 @@ def _(command: cmd.FailInstance, state: State, view: DecisionView) -> Decision:
     inst = state.instances.get(command.instance_id)
     if inst is None:
         return NOTHING
-    if command.replace_excluding is None:
+    if command.replace_excluding is None and not command.replace:
         return teardown(state, inst.instance_id, command.reason, failed=True, view=view)
-    excluded = (*inst.excluded_nodes, command.replace_excluding)
+    culprit = () if command.replace_excluding is None else (command.replace_excluding,)
+    excluded = (*inst.excluded_nodes, *culprit)
     width = len(inst.shard_assignments.node_to_runner)
     return _end_and_replace(state, inst, command.reason, excluded, width, command.command_id, view)
 

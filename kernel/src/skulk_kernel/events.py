@@ -128,28 +128,14 @@ class PluginDataSet(Tagged):
     value: Any = None
 
 
+# fmt: off
 Event: TypeAlias = (
-    InstanceCreated
-    | InstanceDeleted
-    | InstanceFailureRecorded
-    | RunnerStatusUpdated
-    | TaskCreated
-    | TaskAcknowledged
-    | TaskStatusUpdated
-    | TaskFailed
-    | TaskDeleted
-    | NodeJoined
-    | NodeTimedOut
-    | TopologyEdgeCreated
-    | TopologyEdgeDeleted
-    | DownloadPending
-    | DownloadCompleted
-    | DownloadFailed
-    | CustomModelCardAdded
-    | CustomModelCardDeleted
-    | TracingStateChanged
-    | PluginDataSet
+    InstanceCreated | InstanceDeleted | InstanceFailureRecorded | RunnerStatusUpdated | TaskCreated
+    | TaskAcknowledged | TaskStatusUpdated | TaskFailed | TaskDeleted | NodeJoined | NodeTimedOut
+    | TopologyEdgeCreated | TopologyEdgeDeleted | DownloadPending | DownloadCompleted | DownloadFailed
+    | CustomModelCardAdded | CustomModelCardDeleted | TracingStateChanged | PluginDataSet
 )
+# fmt: on
 EVENT_TYPES: tuple[type[Tagged], ...] = get_args(Event)
 if not TYPE_CHECKING:
     Event = tagged_union(Event)

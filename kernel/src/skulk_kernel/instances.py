@@ -128,19 +128,12 @@ class RunnerFailed(Tagged):
     error_message: str
 
 
+# fmt: off
 RunnerStatus: TypeAlias = (
-    RunnerIdle
-    | RunnerConnecting
-    | RunnerConnected
-    | RunnerLoading
-    | RunnerLoaded
-    | RunnerWarmingUp
-    | RunnerReady
-    | RunnerRunning
-    | RunnerShuttingDown
-    | RunnerShutdown
-    | RunnerFailed
+    RunnerIdle | RunnerConnecting | RunnerConnected | RunnerLoading | RunnerLoaded | RunnerWarmingUp
+    | RunnerReady | RunnerRunning | RunnerShuttingDown | RunnerShutdown | RunnerFailed
 )
+# fmt: on
 if not TYPE_CHECKING:
     RunnerStatus = tagged_union(RunnerStatus)
 SERVING_STATUSES = (RunnerReady, RunnerRunning)

@@ -304,11 +304,11 @@ class Node:
     def _publish_readings_once(self) -> list[Any]:
         self.facts.update(node_id=self.node_id, offline=self.options.offline)
         self.hooks.call("probe_node", facts=self.facts)
-        backends: list[str] = []
+        splits: dict[str, tuple[str, ...]] = {}
         for engine in () if self.options.no_worker else self.engines.values():  # no worker, nothing to place here
             with contextlib.suppress(Exception):
-                backends += engine.backend_tags(self.facts)
-        return probe_readings(self, tuple(dict.fromkeys(backends)))
+                splits |= dict.fromkeys(engine.backend_tags(self.facts), tuple(sorted(engine.splits)))
+        return probe_readings(self, splits)
 
     async def _telemetry_loop(self) -> None:
         while True:

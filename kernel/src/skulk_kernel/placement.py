@@ -61,6 +61,8 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
             ram_available=mem.ram_available.in_bytes,
             ram_total=mem.ram_total.in_bytes,
             backends=tuple(res.reading.backends),
+            splits=res.reading.splits,
+            addresses=res.reading.addresses,
         )
     return caps
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from .telemetry import (
 )
 
 if TYPE_CHECKING:
-    from .contracts import NodeSurface
+    from .node import Node
 
 _READING = TypeAdapter(Reading)
 
@@ -87,7 +88,14 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def probe_readings(node: NodeSurface, backends: tuple[str, ...]) -> list[Any]:
+def _addresses() -> tuple[str, ...]:
+    import psutil
+
+    found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET]
+    return tuple(sorted(set(found), key=lambda a: (a.startswith("127."), a)))
+
+
+def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
     """Everything this node says about itself each heartbeat interval."""
     import psutil
 
@@ -117,7 +125,9 @@ def probe_readings(node: NodeSurface, backends: tuple[str, ...]) -> list[Any]:
         ),
         NodeResources(
             node_id=nid,
-            backends=backends,
+            backends=tuple(splits),
+            splits=splits,
+            addresses=_addresses(),
             engine_builds=dict(node.facts.get("engine_builds", {})),
             data_transport=node.transports["data"].name,
             api_available=bool(node.facts.get("api_available")),

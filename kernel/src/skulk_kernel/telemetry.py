@@ -49,6 +49,8 @@ class NodeResources(Tagged):
     data_transport: str = "local"
     api_available: bool = False
     api_port: int | None = None
+    splits: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # backend tag -> placements it can split
+    addresses: tuple[str, ...] = ()  # this node's IPv4 addresses, loopback last
 
 
 class NodeDisk(Tagged):

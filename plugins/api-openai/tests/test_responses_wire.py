@@ -422,9 +422,9 @@ def test_non_stream_error_is_returned() -> None:
 
 def test_late_error_after_keepalives_is_a_failed_response() -> None:
     """A stream that had to wait already sent its 200: a late InferenceError ends it as response.failed."""
+    from skulk_api_control.dispatch import InferenceError
     from skulk_api_control.streaming import Dispatch
     from skulk_api_openai.responses_routes import _responses_sse
-    from skulk_api_control.dispatch import InferenceError
 
     req = request()
 

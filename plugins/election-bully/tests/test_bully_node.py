@@ -97,9 +97,8 @@ async def test_real_nodes_on_a_shared_bus_elect_one_master_and_fail_over(tmp_pat
 
     from bully_fakes import BusTransport, SharedBus
     from skulk_kernel import hookimpl
+    from skulk_kernel.api import build_plugin_manager, parse_profile, register_plugin
     from skulk_kernel.node import Node, NodeOptions
-    from skulk_kernel.api import build_plugin_manager, register_plugin
-    from skulk_kernel.api import parse_profile
 
     profile = parse_profile(
         '[profile]\nname = "bus"\nplugins = ["election-bully", "master"]\n[planes]\ncontrol = "testbus"\n'

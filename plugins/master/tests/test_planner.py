@@ -21,8 +21,18 @@ CARD = ModelCard(
 )
 
 
-def cap(node: str, gib: float, backends: tuple[str, ...] = ("llama_server-cpu", "llama_cpp-cpu")) -> NodeCapacity:
-    return NodeCapacity(node_id=node, ram_available=int(gib * GiB), ram_total=int(gib * GiB * 2), backends=backends)
+def cap(
+    node: str, gib: float, backends: tuple[str, ...] = ("llama_server-cpu", "llama_cpp-cpu"), *, splits: bool = True
+) -> NodeCapacity:
+    """A node whose engines can split models (unless `splits=False`, as llama.cpp's cannot)."""
+    return NodeCapacity(
+        node_id=node,
+        ram_available=int(gib * GiB),
+        ram_total=int(gib * GiB * 2),
+        backends=backends,
+        splits={b: ("Pipeline", "Tensor") for b in backends} if splits else {},
+        addresses=(f"10.0.0.{ord(node[0])}", "127.0.0.1"),
+    )
 
 
 def place(nodes: dict[str, NodeCapacity], state: State | None = None, **kwargs):
@@ -119,3 +129,37 @@ def test_tensor_sharding_needs_a_card_that_supports_it():
             "i",
         )
     assert "supports_tensor" in err.value.message
+
+
+def test_an_engine_that_cannot_split_is_never_placed_across_nodes():
+    nodes = {"a": cap("a", 3, splits=False), "b": cap("b", 3, splits=False)}
+    with pytest.raises(PlacementError, match=r"runs whole models only: it cannot split .* across 2 nodes"):
+        place(nodes, min_nodes=2)
+    assert len(place(nodes).shard_assignments.node_to_runner) == 1  # one node of each still works
+
+
+def test_a_multi_rank_instance_carries_its_group_a_single_rank_none():
+    nodes = {"a": cap("a", 3), "b": cap("b", 3)}
+    split = place(nodes, min_nodes=2)
+    assert split.group is not None and len(split.group.hosts) == 2
+    ports = [int(h.rsplit(":", 1)[1]) for h in split.group.hosts]
+    assert ports[1] == ports[0] + 1 and [h.rsplit(":", 1)[0] for h in split.group.hosts] == ["10.0.0.97", "10.0.0.98"]
+    assert split.group == place(nodes, min_nodes=2).group  # every node computes the same group
+    assert place(nodes).group is None
+
+
+def test_ranks_on_one_host_talk_over_loopback():
+    same = {
+        n: NodeCapacity(
+            node_id=n,
+            ram_available=3 * GiB,
+            ram_total=4 * GiB,
+            backends=("mlx-cpu",),
+            splits={"mlx-cpu": ("Pipeline",)},
+            addresses=("192.0.2.2", "127.0.0.1"),
+        )
+        for n in "ab"
+    }
+    card = CARD.model_copy(update={"compatible_backends": ("mlx-cpu",), "backend_preference": ()})
+    inst = MemoryPlanner().place(PlacementRequest(model=card, min_nodes=2), State(), same, "inst-2")
+    assert inst.group is not None and all(h.startswith("127.0.0.1:") for h in inst.group.hosts)

@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 import pytest
+from skulk_kernel.api import PeerEvent, Topic
 from skulk_testing.conformance import Inbox
 from skulk_transport_zenoh.frames import MAGIC
 from skulk_transport_zenoh.transport import NoReply, RequestError, ZenohTransport
 from zenoh_helpers import loopback_config, multicast_group, unique_version, wait_until
-from skulk_kernel.api import PeerEvent, Topic
 
 JOIN_TIMEOUT = 15.0
 

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from skulk_kernel.api import Planes, Profile, Topic
 from skulk_testing.nodes import in_process_node
 from zenoh_helpers import unique_version, wait_until
-from skulk_kernel.api import Planes, Profile, Topic
 
 
 def zenoh_profile(version: str, connect: list[str] | None = None) -> Profile:

@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 import pytest
+from skulk_kernel.api import PeerEvent, Topic
 from skulk_testing.conformance import Inbox
 from skulk_transport_zenoh.transport import ZenohTransport
 from zenoh_helpers import multicast_group, unique_version, wait_until
-from skulk_kernel.api import PeerEvent, Topic
 
 pytestmark = pytest.mark.slow
 

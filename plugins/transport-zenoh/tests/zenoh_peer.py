@@ -24,9 +24,9 @@ import signal
 import sys
 import threading
 
+from skulk_kernel.api import Topic
 from skulk_transport_zenoh.config import ZenohConfig
 from skulk_transport_zenoh.transport import ZenohTransport
-from skulk_kernel.api import Topic
 
 
 def emit(obj: dict) -> None:

@@ -482,6 +482,8 @@ class PlannerConformance:
             ram_available=ram,
             ram_total=max(ram, 1),
             backends=backends if backends is not None else (self.backend,),
+            splits={b: ("Pipeline", "Tensor") for b in (backends if backends is not None else (self.backend,))},
+            addresses=("127.0.0.1",),
         )
 
     @staticmethod

@@ -37,6 +37,8 @@ from skulk_kernel.api import (
     Usage,
 )
 
+from .group import EchoGroup
+
 ECHO_MODEL = "skulk/echo"
 ECHO_EMBED_MODEL = "skulk/echo-embed"
 EMBED_DIMS = 16
@@ -89,6 +91,10 @@ class EchoSession:
     def __init__(self, spec: RunnerSpec, token_delay_s: float) -> None:
         self.spec = spec
         self.token_delay_s = token_delay_s
+        self.group: EchoGroup | None = None
+        if spec.group is not None:
+            self.group = EchoGroup(spec.group, spec.shard.device_rank)
+            self.group.form()
 
     def count_tokens(self, params: TextGenerationParams) -> int:
         return prompt_tokens(params)
@@ -128,6 +134,8 @@ class EchoSession:
                 return
             if delay:
                 time.sleep(delay)
+            if self.group is not None:
+                self.group.check()
             text_so_far += token
             stop_hit = next((s for s in params.sampling.stop if s in text_so_far), None)
             if stop_hit is not None:
@@ -176,7 +184,8 @@ class EchoSession:
         )
 
     def close(self) -> None:
-        pass
+        if self.group is not None:
+            self.group.close()
 
 
 def _embed_one(text: str) -> tuple[float, ...]:
@@ -194,7 +203,7 @@ class EchoEngine:
     name = "echo"
     tasks = frozenset({"TextGeneration", "TextEmbedding"})
     dispatch_width = 4
-    splits: frozenset[Sharding] = frozenset()
+    splits: frozenset[Sharding] = frozenset({"Pipeline", "Tensor"})  # every rank answers; see group.py
 
     def probe(self) -> EngineProbe:
         return EngineProbe(available=True, version="builtin")

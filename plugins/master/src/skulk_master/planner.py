@@ -9,6 +9,7 @@ Every refusal is a typed PlacementError whose message carries the arithmetic.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from itertools import combinations, permutations
 
@@ -20,6 +21,7 @@ from skulk_kernel.api import (
     PipelineShardMetadata,
     PlacementError,
     PlacementRequest,
+    RankGroup,
     RingInstance,
     RunnerId,
     ShardAssignments,
@@ -31,6 +33,7 @@ from skulk_kernel.api import (
 GiB = 1024**3
 MiB = 1024**2
 MAX_CYCLE = 4
+RING_PORT_BASE, RING_PORT_SPAN = 41000, 16000  # ports of multi-rank groups: [base, base + span + MAX_CYCLE)
 
 
 def _fmt(n: float) -> str:
@@ -42,6 +45,23 @@ class _Candidate:
     nodes: tuple[str, ...]
     backend: str
     shares: dict[str, tuple[int, int]]  # node -> (start_layer, end_layer)
+
+
+def ring_hosts(instance_id: str, ring: tuple[str, ...], caps: dict[str, NodeCapacity]) -> tuple[str, ...]:
+    """The ``ip:port`` each rank of a multi-rank instance listens on, in rank order.
+
+    Ranks on one host (every node reports the same addresses) talk over loopback; otherwise each
+    listens on its node's first non-loopback address. Ports derive from the instance id, so every
+    node computes the same group and a re-placement (a new id) gets fresh ports.
+    """
+    base = RING_PORT_BASE + int(hashlib.sha256(instance_id.encode()).hexdigest()[:8], 16) % RING_PORT_SPAN
+    one_host = len({caps[n].addresses for n in ring}) == 1
+    hosts = []
+    for rank, node in enumerate(ring):
+        addresses = [a for a in caps[node].addresses if not a.startswith("127.")]
+        address = "127.0.0.1" if one_host or not addresses else addresses[0]
+        hosts.append(f"{address}:{base + rank}")
+    return tuple(hosts)
 
 
 class MemoryPlanner:
@@ -134,7 +154,7 @@ class MemoryPlanner:
             kind = "memory_shortfall" if any("memory" in r for r in rejections) else "no_candidate"
             raise PlacementError(kind, f"cannot place {card.model_id}: {detail}")
         best = min(viable, key=lambda c: self._rank(c, card, nodes))
-        return self._instance(request, card, best, instance_id)
+        return self._instance(request, card, best, instance_id, nodes)
 
     def _check(
         self,
@@ -153,6 +173,13 @@ class MemoryPlanner:
         pref = list(card.backend_preference)
         backend = min(allowed, key=lambda b: (pref.index(b) if b in pref else len(pref), b))
         width = len(ring)
+        if width > 1 and any(request.sharding not in caps[n].splits.get(backend, ()) for n in ring):
+            rejections.append(
+                f"the {backend} engine runs whole models only: it cannot split {card.model_id} across {width} "
+                f"nodes ({request.sharding}); place it on one node (min_nodes 1), or use an engine that splits "
+                "models, such as mlx"
+            )
+            return None
         if request.sharding == "Tensor" and width > 1 and not card.supports_tensor:
             rejections.append(
                 f"{card.model_id} does not support tensor sharding (its card says "
@@ -193,7 +220,14 @@ class MemoryPlanner:
         free = sum(caps[n].ram_available for n in c.nodes)
         return (len(c.nodes), pref.index(c.backend) if c.backend in pref else len(pref), -present, -free, c.nodes)
 
-    def _instance(self, request: PlacementRequest, card: ModelCard, cand: _Candidate, instance_id: str) -> RingInstance:
+    def _instance(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        cand: _Candidate,
+        instance_id: str,
+        caps: dict[str, NodeCapacity],
+    ) -> RingInstance:
         shard_type = TensorShardMetadata if request.sharding == "Tensor" else PipelineShardMetadata
         runner_to_shard: dict[RunnerId, ShardMetadata] = {}
         node_to_runner: dict[NodeId, RunnerId] = {}
@@ -210,6 +244,7 @@ class MemoryPlanner:
                 backend=cand.backend,
             )
             node_to_runner[NodeId(node)] = runner_id
+        group = RankGroup(hosts=ring_hosts(instance_id, cand.nodes, caps)) if len(cand.nodes) > 1 else None
         return RingInstance(
             instance_id=InstanceId(instance_id),
             shard_assignments=ShardAssignments(
@@ -218,4 +253,5 @@ class MemoryPlanner:
             engine=cand.backend.split("-", 1)[0],
             context_limit=card.context_length,
             excluded_nodes=tuple(NodeId(n) for n in request.excluded_nodes),
+            group=group,
         )

@@ -24,6 +24,9 @@ class MasterConfig(BaseModel):
         description="how long a request waits for a loading instance "
         "(keep it under the API's 120 s stream idle timeout)",
     )
+    replace_retry_s: float = Field(
+        default=600.0, gt=0, description="how long a lost instance waits for room to be re-placed"
+    )
     memory_overhead: float = Field(default=1.25, ge=1.0)
     memory_floor_mb: int = Field(default=256, ge=0)
 

@@ -35,6 +35,7 @@ from skulk_kernel.api import (
     NodeSurface,
     Park,
     PlaceInstance,
+    Retry,
     RunnerStatusUpdated,
     State,
     StateSnapshot,
@@ -67,6 +68,7 @@ class Master:
         self._lock = asyncio.Lock()
         self._plan_task: asyncio.Task[Any] | None = None
         self._parked: dict[str, tuple[float, TextGeneration | TextEmbedding]] = {}
+        self._retries: dict[str, tuple[float, PlaceInstance]] = {}  # model id -> re-placement waiting for room
         self._defaults_placed = False
         planner = next(iter(node.planners.values()), None)
         if isinstance(planner, MemoryPlanner):
@@ -118,6 +120,8 @@ class Master:
                 self._parked.setdefault(effect.command.command_id, (time.monotonic(), effect.command))
             elif isinstance(effect, Unpark):
                 self._parked.pop(effect.command_id, None)
+            elif isinstance(effect, Retry):
+                self._retries.setdefault(effect.command.model_id, (time.monotonic(), effect.command))
             elif isinstance(effect, ForgetNode):
                 self.node.readings.forget(effect.node_id)
 
@@ -225,6 +229,20 @@ class Master:
                 continue
             await self.carry_out(decide(self.state, command, self.view()), command.owner_node_id)
 
+    async def _retry_placements(self) -> None:
+        """Re-place lost instances once capacity allows (a node came back, memory freed), for a while."""
+        for model_id, (since, command) in list(self._retries.items()):
+            placed = any(i.shard_assignments.model_id == model_id for i in self.state.instances.values())
+            if placed or time.monotonic() - since > self.config.replace_retry_s:
+                self._retries.pop(model_id, None)
+                if not placed:
+                    log.error("gave up re-placing %s after %.0fs without capacity", model_id, time.monotonic() - since)
+                continue
+            decision = decide(self.state, command, self.view())
+            if decision.events:
+                self._retries.pop(model_id, None)
+                await self.carry_out(decision, self.node.node_id)
+
     async def _plan_loop(self) -> None:
         while self.active:
             try:
@@ -249,6 +267,7 @@ class Master:
             if age is None or age > self.config.node_timeout_s:
                 await self.carry_out(decide_prune(self.state, node_id, age, self.view()), self.node.node_id)
         await self._dispatch_parked()
+        await self._retry_placements()
         if not self._defaults_placed:
             await self._place_defaults()
 

@@ -6,7 +6,11 @@ two multiprocessing queues; everything in them is a picklable kernel type.
 
     worker -> runner: ("task", Task) | ("cancel", task_id) | ("stop",)
     runner -> worker: ("status", RunnerStatus) | ("ack", task_id) | ("chunk", task_id, Chunk)
-                      | ("done", task_id, TaskStatus)
+                      | ("done", task_id, TaskStatus) | ("fatal", traceback) | ("broken", reason)
+
+A rank of a multi-rank instance runs every task too (collectives need every rank); its worker
+forwards only the output rank's chunks. A task that raises in a multi-rank runner reports the
+group broken: a failed collective leaves the ranks out of step, so the instance must be re-placed.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import traceback
 from typing import Any
 
 from skulk_kernel.api import (
+    Engine,
     ErrorChunk,
     Profile,
+    RunnerConnecting,
     RunnerFailed,
     RunnerLoaded,
     RunnerLoading,
@@ -37,9 +43,8 @@ from skulk_kernel.api import (
 log = logging.getLogger("skulk.runner")
 
 
-def _engine(profile: Profile, engine_name: str) -> Any:
-    from skulk_kernel.api import build_plugin_manager
-    from skulk_kernel.node import collect
+def _engine(profile: Profile, engine_name: str) -> Engine:
+    from skulk_kernel.api import build_plugin_manager, collect
 
     pm = build_plugin_manager(profile)
     engines = collect(pm, "register_engines", "engine")
@@ -76,6 +81,8 @@ class _Serving:
                 status = self._serve(task, flag)
             except Exception as exc:
                 log.exception("task %s failed", task.task_id)
+                if self.spec.group is not None:  # a failed collective leaves the group unusable
+                    self.outq.put(("broken", f"rank {self.spec.shard.device_rank}: {type(exc).__name__}: {exc}"))
                 self.outq.put(
                     (
                         "chunk",
@@ -165,6 +172,8 @@ def runner_main(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         engine = _engine(profile, engine_name)
+        if spec.group is not None:  # the engine forms the group first, within its deadline
+            outq.put(("status", RunnerConnecting()))
         outq.put(("status", RunnerLoading(layers_loaded=0, total_layers=spec.card.n_layers)))
 
         def progress(done: int, total: int) -> None:

@@ -116,6 +116,11 @@ class RunnerSupervisor:
 
     # ------------------------------------------------------------------ messages
 
+    @property
+    def output_rank(self) -> bool:
+        """Rank 0 of an instance streams; the other ranks' chunks are the same tokens, dropped here."""
+        return self.spec.shard.device_rank == 0
+
     async def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "status":
@@ -123,16 +128,20 @@ class RunnerSupervisor:
             self.ready = type(status).__name__ in ("RunnerReady", "RunnerRunning")
             await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=status))
         elif kind == "ack":
-            await self.node.emit(TaskAcknowledged(task_id=message[1]))
+            if self.output_rank:
+                await self.node.emit(TaskAcknowledged(task_id=message[1]))
         elif kind == "chunk":
             flight = self.in_flight.get(message[1])
-            if flight is not None:
+            if flight is not None and (self.output_rank or isinstance(message[2], ErrorChunk)):
                 flight.next_seq = message[2].seq + 1
                 await self.node.send_chunk(flight.task.owner_node_id, message[2])
         elif kind == "done":
             flight = self.in_flight.pop(message[1], None)
-            if flight is not None:
+            if flight is not None and (self.output_rank or message[2] == "Failed"):
                 await self.node.emit(TaskStatusUpdated(task_id=message[1], status=message[2]))
+        elif kind == "broken":
+            log.error("runner %s lost its group: %s", self.runner_id, message[1])
+            await self._give_up(f"the instance's rank group broke ({message[1]}); re-placing it", replace=True)
         elif kind == "fatal":
             log.error("runner %s could not load:\n%s", self.runner_id, message[1])
             self.stopping = True  # a load failure is not a crash loop: fail the instance at once
@@ -163,10 +172,14 @@ class RunnerSupervisor:
             await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerIdle()))
             self.start()
 
-    async def _give_up(self, reason: str) -> None:
+    async def _give_up(self, reason: str, *, replace: bool = False) -> None:
+        if self.stopping and replace:
+            return  # already given up (another task of the same broken group)
         self.stopping = True
         await self.node.submit(
-            FailInstance(command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason)
+            FailInstance(
+                command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason, replace=replace
+            )
         )
 
     async def _fail_in_flight(self, reason: str) -> None:

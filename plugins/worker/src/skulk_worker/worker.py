@@ -31,6 +31,7 @@ from skulk_kernel.api import (
     TaskCreated,
     TaskFailed,
     TaskStatusUpdated,
+    TensorShardMetadata,
     catalog,
     new_id,
 )
@@ -133,7 +134,11 @@ class Worker:
             )
             await self._refuse(instance, why)
             return
-        share = (shard.end_layer - shard.start_layer) / shard.n_layers
+        share = (
+            (1 / shard.world_size)
+            if isinstance(shard, TensorShardMetadata)
+            else ((shard.end_layer - shard.start_layer) / shard.n_layers)
+        )
         refusal = self._memory_refusal(card, share)
         if refusal:
             await self._refuse(instance, refusal)
@@ -186,6 +191,7 @@ class Worker:
             card=card,
             model_path=path,
             options=self.node.profile.config_for(owner_plugin),
+            group=instance.group,
         )
         sup = RunnerSupervisor(self.node, spec, engine_name, profile, instance.context_limit, self.config)
         self.runners[runner_id] = sup

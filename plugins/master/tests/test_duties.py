@@ -1,0 +1,143 @@
+"""The master's duties besides commands, decided as data: no transport, no event loop."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from skulk_kernel.api import (
+    ChatMessage,
+    CommandId,
+    DecisionView,
+    ForgetNode,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    InstanceId,
+    ModelCard,
+    ModelId,
+    NodeCapacity,
+    NodeId,
+    NodeJoined,
+    NodeTimedOut,
+    PipelineShardMetadata,
+    RingInstance,
+    RunnerFailed,
+    RunnerId,
+    RunnerReady,
+    RunnerStatusUpdated,
+    ShardAssignments,
+    State,
+    TaskDeleted,
+    TaskFailed,
+    TaskStatusUpdated,
+    TextGeneration,
+    TextGenerationParams,
+    TracingStateChanged,
+    apply,
+    decide,
+)
+from skulk_master.duties import decide_prune, decide_report, decide_session_start
+from skulk_master.planner import MemoryPlanner
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+CARD = ModelCard(
+    model_id=ModelId("m"), n_layers=4, hidden_size=64, storage_size=1000, compatible_backends=("echo-cpu",)
+)
+
+
+def view(nodes: tuple[str, ...] = ("a", "b")) -> DecisionView:
+    caps = {
+        n: NodeCapacity(node_id=n, ram_available=8 * 2**30, ram_total=8 * 2**30, backends=("echo-cpu",)) for n in nodes
+    }
+    return DecisionView(
+        master_id="a",
+        now=NOW,
+        reachable=frozenset(nodes),
+        capacities=caps,
+        resolve=lambda ref: CARD if ref == "m" else None,
+        planner=MemoryPlanner(),
+    )
+
+
+def applied(state: State, *events: object) -> State:
+    for event in events:
+        state = apply(
+            state, IndexedEvent(idx=state.last_event_applied_idx + 1, origin=NodeId("a"), at=NOW, event=event)
+        )  # type: ignore[arg-type]
+    return state
+
+
+def instance_on(node: str, iid: str = "i1") -> RingInstance:
+    shard = PipelineShardMetadata(
+        model_id=ModelId("m"), device_rank=0, world_size=1, start_layer=0, end_layer=4, n_layers=4, backend="echo-cpu"
+    )
+    return RingInstance(
+        instance_id=InstanceId(iid),
+        engine="echo",
+        context_limit=4096,
+        shard_assignments=ShardAssignments(
+            model_id=ModelId("m"),
+            runner_to_shard={RunnerId(f"{iid}-r0"): shard},
+            node_to_runner={NodeId(node): RunnerId(f"{iid}-r0")},
+        ),
+    )
+
+
+def busy_on(node: str) -> State:
+    state = applied(
+        State(),
+        NodeJoined(node_id=NodeId("a")),
+        NodeJoined(node_id=NodeId("b")),
+        InstanceCreated(instance=instance_on(node)),
+        RunnerStatusUpdated(runner_id=RunnerId("i1-r0"), status=RunnerReady()),
+    )
+    command = TextGeneration(
+        command_id=CommandId("c1"),
+        owner_node_id=NodeId("a"),
+        params=TextGenerationParams(model_id=ModelId("m"), messages=(ChatMessage(role="user", content="hi"),)),
+    )
+    return applied(state, *decide(state, command, view()).events)
+
+
+def test_a_report_that_is_not_a_workers_to_make_is_refused() -> None:
+    decision = decide_report(State(), "b", TracingStateChanged(enabled=True), view())
+    assert decision.events == () and "refusing TracingStateChanged" in decision.log[0]
+
+
+def test_a_terminal_task_status_is_followed_by_its_deletion() -> None:
+    state = busy_on("b")
+    decision = decide_report(state, "b", TaskStatusUpdated(task_id="c1", status="Complete"), view())  # type: ignore[arg-type]
+    assert [type(e) for e in decision.events] == [TaskStatusUpdated, TaskDeleted]
+
+
+def test_a_report_about_a_task_that_ended_is_dropped() -> None:
+    assert decide_report(State(), "b", TaskFailed(task_id="gone", error_message="x"), view()).events == ()  # type: ignore[arg-type]
+
+
+def test_a_failed_runner_fails_its_instances_open_tasks_and_ends_their_streams() -> None:
+    state = busy_on("b")
+    decision = decide_report(
+        state, "b", RunnerStatusUpdated(runner_id=RunnerId("i1-r0"), status=RunnerFailed(error_message="boom")), view()
+    )
+    assert [type(e) for e in decision.events] == [RunnerStatusUpdated, TaskFailed, TaskDeleted]
+    assert decision.replies[0].owner == "a" and "boom" in decision.replies[0].chunk.message
+
+
+def test_a_silent_node_is_pruned_its_work_failed_and_its_instance_replaced_elsewhere() -> None:
+    state = busy_on("b")
+    decision = decide_prune(state, "b", 31.0, view())
+    kinds = [type(e).__name__ for e in decision.events]
+    assert kinds[:4] == ["TaskFailed", "TaskDeleted", "InstanceFailureRecorded", "InstanceDeleted"]
+    assert isinstance(decision.events[4], NodeTimedOut)
+    created = [e for e in decision.events if isinstance(e, InstanceCreated)]
+    assert len(created) == 1 and set(created[0].instance.shard_assignments.node_to_runner) == {"a"}
+    assert ForgetNode("b") in decision.effects
+    assert decision.replies[0].chunk.code == "instance_gone"
+    after = applied(state, *decision.events)
+    assert "b" not in after.topology.nodes and InstanceId("i1") not in after.instances
+
+
+def test_a_new_session_ends_the_previous_sessions_tasks_and_joins_the_master() -> None:
+    decision = decide_session_start(busy_on("b"), view())
+    assert [type(e) for e in decision.events] == [TaskFailed, TaskDeleted, NodeJoined]
+    assert all(not isinstance(e, InstanceDeleted) for e in decision.events)  # instances survive failover
