@@ -88,3 +88,19 @@ def test_qwen_two_way_tensor_equals_single_rank(qwen05_mlx: Path) -> None:
         + ", ".join(f"{r.rss_after_load / MiB:.0f}" for r in reports)
     )
     assert_all_equal(single, reports)
+
+
+def test_a_dead_peer_fails_the_stream_within_seconds(tiny_model: Path, tiny_card: ModelCard) -> None:
+    (report,) = run_ranks(
+        tiny_model,
+        tiny_card,
+        2,
+        prompts=PROMPTS[:1],
+        max_tokens=16,
+        collective_timeout_s=8.0,
+        timeout_s=90,
+        exit_after_load=1,
+    )
+    assert report.error is not None and "mlx rank 0 of 2 failed" in report.error, report.error
+    assert report.failed_after_s is not None and report.failed_after_s < 10.0, report
+    print(f"\ndead peer: rank 0 failed after {report.failed_after_s:.2f} s: {report.error}")

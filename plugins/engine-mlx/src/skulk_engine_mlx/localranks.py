@@ -48,6 +48,7 @@ class RankReport:
     decode_tps: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     error: str | None = None
+    failed_after_s: float | None = None  # how long the failing generation ran before its error
 
 
 def free_ports(n: int) -> list[int]:
@@ -71,83 +72,87 @@ def layer_ranges(n_layers: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def build_spec(
-    model_path: Path,
-    card: ModelCard,
-    rank: int,
-    world: int,
-    mode: str,
-    hosts: list[str] | None,
-    deadline_s: float,
-    options: dict[str, Any],
-) -> RunnerSpec:
-    if mode == "Tensor":
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank of one local run does (picklable: it crosses into spawned children)."""
+
+    model_path: str
+    card_json: str
+    world: int
+    mode: str = "Pipeline"
+    hosts: tuple[str, ...] | None = None
+    deadline_s: float = 60.0
+    collective_timeout_s: float = 60.0
+    prompts: tuple[str, ...] = PROMPTS
+    max_tokens: int = 64
+    options: tuple[tuple[str, Any], ...] = ()
+    exit_after_load: int | None = None  # this rank exits right after loading (a peer that dies)
+
+
+def build_spec(job: RankJob, card: ModelCard, rank: int) -> RunnerSpec:
+    if job.mode == "Tensor":
         start, end = 0, card.n_layers
         cls: type[PipelineShardMetadata] | type[TensorShardMetadata] = TensorShardMetadata
     else:
-        start, end = layer_ranges(card.n_layers, world)[rank]
+        start, end = layer_ranges(card.n_layers, job.world)[rank]
         cls = PipelineShardMetadata
     shard = cls(
         model_id=card.model_id,
         device_rank=rank,
-        world_size=world,
+        world_size=job.world,
         start_layer=start,
         end_layer=end,
         n_layers=card.n_layers,
         backend="mlx-cpu",
     )
-    group = RankGroup(hosts=tuple(hosts), formation_deadline_s=deadline_s, collective_timeout_s=60.0) if hosts else None
+    group = None
+    if job.hosts:
+        group = RankGroup(
+            hosts=job.hosts, formation_deadline_s=job.deadline_s, collective_timeout_s=job.collective_timeout_s
+        )
     return RunnerSpec(
-        instance_id="test",
+        instance_id="local",
         runner_id=f"r{rank}",
         shard=shard,
         card=card,
-        model_path=model_path,
+        model_path=Path(job.model_path),
         group=group,
-        options=dict(options),
+        options=dict(job.options),
     )
 
 
-def rank_main(
-    out: Any,
-    model_path: str,
-    card_json: str,
-    rank: int,
-    world: int,
-    mode: str,
-    hosts: list[str] | None,
-    deadline_s: float,
-    prompts: tuple[str, ...],
-    max_tokens: int,
-    options: dict[str, Any],
-) -> None:
+def rank_main(out: Any, job: RankJob, rank: int) -> None:
+    """A spawned child: load this rank, run every prompt greedily, report, exit at once."""
     import psutil
 
     from .engine import MlxEngine
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     report = RankReport(rank=rank)
+    started = time.perf_counter()
     try:
-        card = ModelCard.model_validate_json(card_json)
-        spec = build_spec(Path(model_path), card, rank, world, mode, hosts, deadline_s, options)
-        started = time.perf_counter()
-        session = MlxEngine().load(spec, lambda d, t: None)
+        card = ModelCard.model_validate_json(job.card_json)
+        session = MlxEngine().load(build_spec(job, card, rank), lambda d, t: None)
         report.load_s = time.perf_counter() - started
         report.rss_after_load = psutil.Process().memory_info().rss
-        for prompt in prompts:
+        if job.exit_after_load == rank:
+            os._exit(3)
+        for prompt in job.prompts:
             params = TextGenerationParams(
                 model_id=card.model_id,
                 messages=(ChatMessage(role="user", content=prompt),),
-                sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                sampling=SamplingParams(temperature=0.0, max_tokens=job.max_tokens),
             )
+            started = time.perf_counter()
             chunks = list(session.generate("t", params, lambda: False))
             report.tokens.append(list(session.last_tokens))
             report.texts.append("".join(c.text for c in chunks if isinstance(c, TokenChunk)))
+            if isinstance(chunks[-1], ErrorChunk):
+                report.failed_after_s = time.perf_counter() - started
+                raise RuntimeError(chunks[-1].message)
             if chunks[-1].stats is not None:
                 report.decode_tps.append(chunks[-1].stats.generation_tps)
                 report.ttft_ms.append(chunks[-1].stats.ttft_ms)
-            if isinstance(chunks[-1], ErrorChunk):
-                raise RuntimeError(chunks[-1].message)
     except BaseException as exc:
         report.error = f"{type(exc).__name__}: {exc}"
     out.put(report)
@@ -165,39 +170,43 @@ def run_ranks(
     prompts: tuple[str, ...] = PROMPTS,
     max_tokens: int = 64,
     deadline_s: float = 60.0,
+    collective_timeout_s: float = 60.0,
     timeout_s: float = 240.0,
     options: dict[str, Any] | None = None,
     only_ranks: list[int] | None = None,
+    exit_after_load: int | None = None,
 ) -> list[RankReport]:
-    """Start `world` ranks (or only `only_ranks` of them), wait for their reports, kill them all."""
+    """Start `world` ranks (or only `only_ranks` of them), wait for their reports, kill them all.
+
+    A rank that exits without reporting (``exit_after_load``) is not waited for.
+    """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    hosts = [f"127.0.0.1:{p}" for p in free_ports(world)] if world > 1 else None
+    hosts = tuple(f"127.0.0.1:{p}" for p in free_ports(world)) if world > 1 else None
+    job = RankJob(
+        model_path=str(model_path),
+        card_json=card.model_dump_json(),
+        world=world,
+        mode=mode,
+        hosts=hosts,
+        deadline_s=deadline_s,
+        collective_timeout_s=collective_timeout_s,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        options=tuple(sorted((options or {}).items())),
+        exit_after_load=exit_after_load,
+    )
+    ranks = list(only_ranks if only_ranks is not None else range(world))
     procs: list[Any] = []
     try:
-        for rank in only_ranks if only_ranks is not None else range(world):
-            proc = ctx.Process(
-                target=rank_main,
-                daemon=True,
-                args=(
-                    out,
-                    str(model_path),
-                    card.model_dump_json(),
-                    rank,
-                    world,
-                    mode,
-                    hosts,
-                    deadline_s,
-                    prompts,
-                    max_tokens,
-                    dict(options or {}),
-                ),
-            )
+        for rank in ranks:
+            proc = ctx.Process(target=rank_main, args=(out, job, rank), daemon=True)
             proc.start()
             procs.append(proc)
+        expected = len([r for r in ranks if r != exit_after_load])
         reports: list[RankReport] = []
         end = time.monotonic() + timeout_s
-        while len(reports) < len(procs):
+        while len(reports) < expected:
             try:
                 reports.append(out.get(timeout=max(0.1, end - time.monotonic())))
             except queue.Empty:
