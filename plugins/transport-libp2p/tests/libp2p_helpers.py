@@ -18,8 +18,9 @@ def unique_version() -> str:
 
 def loopback_config(version: str, *, bootstrap: list[str] | tuple[str, ...] = (), **overrides: Any) -> Libp2pConfig:
     """Listen on 127.0.0.1 (a free port), no mDNS unless asked: tests find each other by bootstrap."""
-    fields: dict[str, Any] = dict(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=list(bootstrap),
-                                  network_version=version, mdns=False)
+    fields: dict[str, Any] = dict(
+        listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=list(bootstrap), network_version=version, mdns=False
+    )
     fields.update(overrides)
     return Libp2pConfig(**fields)
 

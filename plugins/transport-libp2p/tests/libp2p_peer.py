@@ -33,16 +33,22 @@ async def main() -> None:
     parser.add_argument("--bootstrap", action="append", default=[])
     parser.add_argument("--burst", type=int, default=0)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"[peer {args.node}] %(name)s %(levelname)s %(message)s")
-    transport = Libp2pTransport(Libp2pConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=args.bootstrap,
-                                             network_version=args.version, mdns=False))
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"[peer {args.node}] %(name)s %(levelname)s %(message)s"
+    )
+    transport = Libp2pTransport(
+        Libp2pConfig(
+            listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=args.bootstrap, network_version=args.version, mdns=False
+        )
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
     echoes: asyncio.Queue[bytes] = asyncio.Queue()
-    transport.subscribe(Topic.COMMANDS, lambda sender, payload: sender != args.node and loop.call_soon_threadsafe(
-        echoes.put_nowait, payload))
+    transport.subscribe(
+        Topic.COMMANDS,
+        lambda sender, payload: sender != args.node and loop.call_soon_threadsafe(echoes.put_nowait, payload),
+    )
     transport.on_peer(lambda e: emit({"peer": e.node_id, "joined": e.joined}))
     await transport.start(args.node, {"plane": "control"})
     emit({"ready": transport.listen, "peer_id": transport.peer_id})

@@ -25,8 +25,10 @@ class TestLibp2pTransportConformance(TransportConformance):
 
 
 def test_building_the_transport_imports_neither_libp2p_nor_trio() -> None:
-    probe = ("import sys\nfrom skulk_transport_libp2p.transport import Libp2pTransport\n"
-             "Libp2pTransport()\nprint(sorted(m for m in ('libp2p', 'trio') if m in sys.modules))\n")
+    probe = (
+        "import sys\nfrom skulk_transport_libp2p.transport import Libp2pTransport\n"
+        "Libp2pTransport()\nprint(sorted(m for m in ('libp2p', 'trio') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

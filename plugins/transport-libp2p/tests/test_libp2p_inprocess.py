@@ -72,8 +72,11 @@ async def test_stopped_peer_leaves_and_another_version_is_refused(make_transport
     a.on_peer(events.append)
     assert PeerEvent("b", True) in events  # current members are replayed
     stranger = await make_transport("stranger", version=unique_version(), bootstrap=bootstrap_of(a))
-    await wait_until(lambda: "stranger" in a.mismatched_peers and a.node_id in stranger.mismatched_peers, 15,
-                     "both sides to report the version mismatch")
+    await wait_until(
+        lambda: "stranger" in a.mismatched_peers and a.node_id in stranger.mismatched_peers,
+        15,
+        "both sides to report the version mismatch",
+    )
     assert "stranger" not in a.peers and stranger.peers == frozenset()
     await b.stop()
     await wait_until(lambda: PeerEvent("b", False) in events, 5, "b to leave")

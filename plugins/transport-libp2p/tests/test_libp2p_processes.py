@@ -30,8 +30,13 @@ LEASE_S = 3.0
 
 class Peer:
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stderr: list[str] = []
         self.seen: list[dict[str, Any]] = []
@@ -101,7 +106,7 @@ async def hub_with_peer(make_transport: Any, spawn: Any, name: str, *extra: str)
 
 
 async def test_kill_9_of_a_peer_is_noticed_at_once(make_transport: Any, spawn: Any) -> None:
-    hub, peer, events = await hub_with_peer(make_transport, spawn, "victim")
+    _hub, peer, events = await hub_with_peer(make_transport, spawn, "victim")
     killed = time.monotonic()
     peer.signal(signal.SIGKILL)
     await wait_until(lambda: any(e == PeerEvent("victim", False) for _, e in events), 5, "victim to leave")
@@ -132,10 +137,14 @@ async def test_sigstop_leaves_after_the_lease_and_sigcont_rejoins(make_transport
 
 
 async def test_garbage_frames_do_not_kill_the_node(make_transport: Any, spawn: Any, version: str) -> None:
-    hub, peer, events = await hub_with_peer(make_transport, spawn, "friend")
+    hub, _peer, _events = await hub_with_peer(make_transport, spawn, "friend")
     target = next(a for a in hub.listen if "/p2p/" in a)
-    attack = subprocess.run([sys.executable, str(HERE / "libp2p_attacker.py"), "--version", version,
-                             "--target", target], capture_output=True, text=True, timeout=60)
+    attack = subprocess.run(
+        [sys.executable, str(HERE / "libp2p_attacker.py"), "--version", version, "--target", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "done" in attack.stdout, attack.stdout + attack.stderr
     assert hub.restarts == 0 or hub.peers, "the hub must survive (a restart at most)"
     await wait_until(lambda: "friend" in hub.peers, 20, "the friend to be (still) connected")

@@ -28,7 +28,8 @@ class Libp2pConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     listen: list[str] = Field(
-        default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"], description="listen multiaddrs (port 0: a free port)",
+        default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"],
+        description="listen multiaddrs (port 0: a free port)",
     )
     bootstrap: list[str] = Field(
         default_factory=list,
@@ -45,16 +46,22 @@ class Libp2pConfig(BaseModel):
     gossip_heartbeat_s: int = Field(default=1, ge=1, le=60, description="gossipsub heartbeat (library default 120)")
     queue_depth: int = Field(default=8192, ge=64, description="per-peer gossipsub send queue (library default 32)")
     pace_at: float = Field(
-        default=0.5, gt=0, lt=1, description="publishes wait while any peer's queue is fuller than this fraction",
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="publishes wait while any peer's queue is fuller than this fraction",
     )
     send_queue: int = Field(default=8192, ge=16, description="messages waiting to enter libp2p (then publish waits)")
     reorder_gap_s: float = Field(
-        default=1.0, gt=0, description="a missing message holds back later ones from its publisher this long",
+        default=1.0,
+        gt=0,
+        description="a missing message holds back later ones from its publisher this long",
     )
     max_request_bytes: int = Field(default=4 << 20, ge=1024, description="largest request (and link frame) read")
     restart_backoff_s: float = Field(default=0.5, gt=0, description="first wait before restarting after a crash")
     network_version: str | None = Field(
-        default=None, description=f"overrides ${ENV_NETWORK_VERSION} and the built-in NETWORK_VERSION",
+        default=None,
+        description=f"overrides ${ENV_NETWORK_VERSION} and the built-in NETWORK_VERSION",
     )
 
     @field_validator("network_version")

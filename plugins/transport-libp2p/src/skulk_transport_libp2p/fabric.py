@@ -44,6 +44,7 @@ Handler = Callable[[str, bytes], "bytes | Awaitable[bytes]"]
 MAX_REPLY_BYTES = 1 << 30
 TARGET_TTL_S = 60.0
 RPC_SERVE_TIMEOUT_S = 60.0
+LINGER_UNDER_LOAD_S = 0.002
 BATCH_BYTES = 512 << 10  # records gathered into one gossipsub message (its limit is 1 MiB)
 
 
@@ -111,8 +112,9 @@ def _tcp_of(addr: Any) -> tuple[str, int] | None:
 
 
 class Fabric:
-    def __init__(self, owner: FabricOwner, bootstrap: list[str], listen: list[str],
-                 targets: dict[tuple[str, int], Any]) -> None:
+    def __init__(
+        self, owner: FabricOwner, bootstrap: list[str], listen: list[str], targets: dict[tuple[str, int], Any]
+    ) -> None:
         """`listen`: the addresses to bind (a restart rebinds the ports the first run got); `targets`:
         the dial targets, kept by the transport across restarts."""
         self.owner = owner
@@ -146,6 +148,7 @@ class Fabric:
         self._stop = trio.Event()
         self.malformed = 0
         self._mdns_handler: Callable[[Any], None] | None = None
+        self._last_publish = -1.0
 
     # ================================================================ the run
 
@@ -164,15 +167,24 @@ class Fabric:
         listen = [multiaddr.Multiaddr(a) for a in self.bind]
         # Noise only: the library's default also offers TLS, SECIO and plaintext
         secure = {NOISE_PROTOCOL_ID: NoiseTransport(owner.key_pair, noise_privkey=owner.noise_key.private_key)}
-        host = new_host(key_pair=owner.key_pair, sec_opt=secure, psk=network_psk(owner.network_version),
-                        listen_addrs=listen, muxer_preference="YAMUX")
+        host = new_host(
+            key_pair=owner.key_pair,
+            sec_opt=secure,
+            psk=network_psk(owner.network_version),
+            listen_addrs=listen,
+            muxer_preference="YAMUX",
+        )
         self.host = host
         self.peer_id = host.get_id()
         async with host.run(listen):
             host.set_stream_handler(TProtocol(self.link_protocol), self._on_link)
             host.set_stream_handler(TProtocol(self.rpc_protocol), self._on_rpc)
-            pubsub, router = tuning.lan_pubsub(host, heartbeat_s=self.cfg.gossip_heartbeat_s,
-                                               queue_depth=self.cfg.queue_depth, on_message=self._on_gossip)
+            pubsub, router = tuning.lan_pubsub(
+                host,
+                heartbeat_s=self.cfg.gossip_heartbeat_s,
+                queue_depth=self.cfg.queue_depth,
+                on_message=self._on_gossip,
+            )
             self.pubsub = pubsub
             async with background_trio_service(pubsub), background_trio_service(router):
                 await pubsub.wait_until_ready()
@@ -254,6 +266,11 @@ class Fabric:
                     await self._wake.wait()
                 self.idle = False
                 continue
+            # under load (the last publish was moments ago) linger a little so a batch can form:
+            # a gossipsub message costs milliseconds of CPU however few records it carries
+            if trio.current_time() - self._last_publish < LINGER_UNDER_LOAD_S * 4:
+                await trio.sleep(LINGER_UNDER_LOAD_S)
+            self._last_publish = trio.current_time()
             # everything queued goes at once: one gossipsub message per topic carries all its records
             batches: dict[str, list[bytes]] = {}
             size = 0
@@ -395,8 +412,12 @@ class Fabric:
             now = trio.current_time()
             for peer, link in list(self.inlinks.items()):
                 if now - link.last > self.cfg.lease_s:
-                    log.warning("peer %s sent nothing for %.1fs (lease %.1fs): dropped, connection closed",
-                                link.node_id, now - link.last, self.cfg.lease_s)
+                    log.warning(
+                        "peer %s sent nothing for %.1fs (lease %.1fs): dropped, connection closed",
+                        link.node_id,
+                        now - link.last,
+                        self.cfg.lease_s,
+                    )
                     link.scope.cancel()
                     self.nursery.start_soon(self._hang_up, peer)
             self.reorder.tick()
@@ -468,8 +489,12 @@ class Fabric:
                 pass
 
         try:
-            mdns = MDNSDiscovery(host.get_network(), port=self.ports[0] if self.ports else 0,
-                                 service_type="_skulk._udp.local.", host=host)
+            mdns = MDNSDiscovery(
+                host.get_network(),
+                port=self.ports[0] if self.ports else 0,
+                service_type="_skulk._udp.local.",
+                host=host,
+            )
             mdns.start()
         except Exception as exc:
             log.warning("mDNS discovery unavailable (%r): only bootstrap addresses are dialed", exc)
@@ -505,8 +530,9 @@ class Fabric:
                 if not target.static and now - target.learnt > TARGET_TTL_S:
                     del self.targets[key]
                     continue
-                if target.peer_id == self.peer_id or (target.port in self.ports and target.host == "127.0.0.1"
-                                                      and target.peer_id is None):
+                if target.peer_id == self.peer_id or (
+                    target.port in self.ports and target.host == "127.0.0.1" and target.peer_id is None
+                ):
                     continue
                 if target.peer_id is None:
                     self._ask(target.host, target.port)

@@ -70,8 +70,13 @@ class Reorder:
             if now - stream.since >= self.gap_s:
                 nxt = min(stream.held)
                 self.skipped += nxt - stream.expected
-                log.warning("%d message(s) from %s on %s never arrived; skipped after %.1fs",
-                            nxt - stream.expected, sender, topic, self.gap_s)
+                log.warning(
+                    "%d message(s) from %s on %s never arrived; skipped after %.1fs",
+                    nxt - stream.expected,
+                    sender,
+                    topic,
+                    self.gap_s,
+                )
                 stream.expected = nxt
                 self._drain(topic, sender, stream)
                 stream.since = now

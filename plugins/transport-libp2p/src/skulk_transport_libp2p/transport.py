@@ -127,9 +127,15 @@ class Libp2pTransport:
             await self.stop()
             raise RuntimeError(f"the libp2p transport did not start in {_START_TIMEOUT_S}s: {self.last_crash}")
         self._running = True
-        log.info("libp2p transport up: node %s, peer id %s, network version %s, listening on %s, bootstrap %s, "
-                 "mDNS %s", node_id, self.peer_id, self.network_version, ", ".join(self.listen) or "?",
-                 ", ".join(self._bootstrap) or "nothing", "on" if self.config.mdns else "off")
+        log.info(
+            "libp2p transport up: node %s, peer id %s, network version %s, listening on %s, bootstrap %s, mDNS %s",
+            node_id,
+            self.peer_id,
+            self.network_version,
+            ", ".join(self.listen) or "?",
+            ", ".join(self._bootstrap) or "nothing",
+            "on" if self.config.mdns else "off",
+        )
         node = self._node() if self._node is not None else None
         if node is not None:
             with contextlib.suppress(Exception):
@@ -153,8 +159,13 @@ class Libp2pTransport:
                     break
                 self.restarts += 1
                 self.last_crash = f"{type(exc).__name__}: {exc}"
-                log.error("libp2p transport crashed (%s); restart %d in %.1fs", self.last_crash, self.restarts,
-                          backoff, exc_info=exc)
+                log.error(
+                    "libp2p transport crashed (%s); restart %d in %.1fs",
+                    self.last_crash,
+                    self.restarts,
+                    backoff,
+                    exc_info=exc,
+                )
                 self._note_health("restarted", f"restarted {self.restarts} time(s); last: {self.last_crash}")
             finally:
                 self._fabric = None
@@ -300,13 +311,18 @@ class Libp2pTransport:
         with self._lock:
             first = node_id not in self._mismatched
             self._mismatched[node_id] = MismatchedPeer(node_id, version, address, time.time())
-            summary = "; ".join(f"{p.node_id} runs {p.network_version} ({p.address})"
-                                for p in self._mismatched.values())
+            summary = "; ".join(
+                f"{p.node_id} runs {p.network_version} ({p.address})" for p in self._mismatched.values()
+            )
         if first:
             log.error(
                 "NETWORK VERSION MISMATCH: node %s at %s runs network version %r, this node runs %r; its "
                 "private-network key differs, so libp2p refuses every connection with it (upgrade one of "
-                "them, or set SKULK_NETWORK_VERSION)", node_id, address, version, self.network_version,
+                "them, or set SKULK_NETWORK_VERSION)",
+                node_id,
+                address,
+                version,
+                self.network_version,
             )
         self._note_health("mismatched_peers", summary)
 
@@ -354,7 +370,7 @@ class Libp2pTransport:
         future = self._in_trio(lambda fabric: fabric.request(node_id, topic, payload, timeout))
         try:
             return await asyncio.wait_for(future, timeout + 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NoReply(f"no reply from {node_id} on {topic.value} within {timeout}s") from None
 
     def _in_trio(self, make: Callable[[Fabric], Awaitable[T]]) -> asyncio.Future[T]:
@@ -396,13 +412,18 @@ class Libp2pTransport:
     def describe(self) -> dict[str, Any]:
         fabric = self._fabric
         return {
-            "name": self.name, "node_id": self.node_id, "peer_id": self.peer_id,
-            "network_version": self.network_version, "listen": list(self.listen),
-            "bootstrap": list(self._bootstrap), "peers": sorted(self.peers),
+            "name": self.name,
+            "node_id": self.node_id,
+            "peer_id": self.peer_id,
+            "network_version": self.network_version,
+            "listen": list(self.listen),
+            "bootstrap": list(self._bootstrap),
+            "peers": sorted(self.peers),
             "mismatched_peers": {k: v.__dict__ for k, v in self.mismatched_peers.items()},
             "malformed_frames": fabric.malformed if fabric is not None else 0,
             "skipped_messages": fabric.reorder.skipped if fabric is not None else 0,
-            "restarts": self.restarts, "last_crash": self.last_crash,
+            "restarts": self.restarts,
+            "last_crash": self.last_crash,
         }
 
 

@@ -63,10 +63,16 @@ def lan_pubsub(host: Any, *, heartbeat_s: int, queue_depth: int, on_message: Cal
                     pass
 
     router = GossipSub(
-        [PROTOCOL_ID_V11, PROTOCOL_ID], degree=8, degree_low=4, degree_high=16,
-        heartbeat_initial_delay=0.1, heartbeat_interval=heartbeat_s,
-        spam_protection_enabled=False, max_messages_per_topic_per_second=1e9,
-        eclipse_protection_enabled=False, max_pending_messages_per_peer=queue_depth,
+        [PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=8,
+        degree_low=4,
+        degree_high=16,
+        heartbeat_initial_delay=0.1,
+        heartbeat_interval=heartbeat_s,
+        spam_protection_enabled=False,
+        max_messages_per_topic_per_second=1e9,
+        eclipse_protection_enabled=False,
+        max_pending_messages_per_peer=queue_depth,
     )
     pubsub = LanPubsub(host, router, strict_signing=False)
     pubsub.peer_queues = DeepQueues()
