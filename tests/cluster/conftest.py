@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from skulk_testing.nodes import NodeProcess, start_node
 
 PROFILE = """
@@ -35,11 +34,15 @@ multicast_scouting = {multicast}
 """
 
 # the same cluster with the control plane on libp2p gossipsub; telemetry and data stay on Zenoh
-PROFILE_LIBP2P = PROFILE.replace('"transport-zenoh", ', '"transport-zenoh", "transport-libp2p", ').replace(
-    'control = "zenoh"', 'control = "libp2p"\ntelemetry = "zenoh"\ndata = "zenoh"') + """
+PROFILE_LIBP2P = (
+    PROFILE.replace('"transport-zenoh", ', '"transport-zenoh", "transport-libp2p", ').replace(
+        'control = "zenoh"', 'control = "libp2p"\ntelemetry = "zenoh"\ndata = "zenoh"'
+    )
+    + """
 [plugins.transport-libp2p]
 mdns = {multicast}
 """
+)
 PROFILES = {"zenoh": PROFILE, "libp2p": PROFILE_LIBP2P}
 
 

@@ -38,7 +38,7 @@ def test_three_nodes_form_one_cluster_by_multicast(cluster_factory):
     cluster = cluster_factory(default_models=())
     for _ in range(3):
         cluster.start()
-    master, state_hash = cluster.wait_agreed(60)
+    master, _state_hash = cluster.wait_agreed(60)
     ids = {cluster.node_id(n) for n in cluster.nodes}
     assert master in ids and len(ids) == 3
     first = cluster.nodes[0]
@@ -51,8 +51,9 @@ def test_three_nodes_form_one_cluster_by_multicast(cluster_factory):
 def test_three_nodes_form_one_cluster_with_bootstrap_peers_only(cluster_factory):
     cluster = cluster_factory(default_models=(), multicast=False)
     first = cluster.start().wait_api()
-    first.wait_until(lambda: all(t.get("listen") for t in cluster.diag(first)["transports"].values()), 20,
-                     "listen locators")
+    first.wait_until(
+        lambda: all(t.get("listen") for t in cluster.diag(first)["transports"].values()), 20, "listen locators"
+    )
     args, env = cluster.bootstrap_env(first)
     for _ in range(2):
         cluster.start(*args, env=env)
@@ -278,7 +279,7 @@ def test_cluster_diagnostics_agree_from_every_node(cluster_factory):
     cluster = cluster_factory(default_models=("skulk/echo",))
     for _ in range(2):
         cluster.start()
-    master_id, state_hash = cluster.wait_agreed(60)
+    master_id, _state_hash = cluster.wait_agreed(60)
     cluster.nodes[0].wait_ready("skulk/echo", 60)
     views = [n.get("/v1/diagnostics/cluster").json() for n in cluster.nodes]
     for view in views:

@@ -26,7 +26,7 @@ from .contracts import (
 )
 from .decide import (
     Decision, DecisionView, Effect, ForgetNode, Park, Reply, Retry, Unpark, decide, derived_id, dispatch,
-    pick_instance, place, replace_lost, state_after, teardown,
+    pick_instance, place, replace_lost, replacement, state_after, teardown,
 )
 from .events import (
     EVENT_TYPES, Connection, CustomModelCardAdded, CustomModelCardDeleted, DownloadCompleted, DownloadFailed,

@@ -74,12 +74,6 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
-def cmd_profile_list(args: argparse.Namespace) -> int:
-    for name in bundled_profile_names():
-        print(name)
-    return 0
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from .hooks import NodeError
     from .node import Node, NodeOptions
@@ -141,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = psub.add_parser("show", help="print a profile's resolved composition")
     show.add_argument("name")
     show.set_defaults(func=cmd_profile_show)
-    psub.add_parser("list", help="list bundled profiles").set_defaults(func=cmd_profile_list)
+    listing = psub.add_parser("list", help="list bundled profiles")
+    listing.set_defaults(func=lambda _args: print("\n".join(bundled_profile_names())))
     return parser
 
 

@@ -1,15 +1,11 @@
 """decide(state, command, view) -> Decision: what the master does about a command, as data.
 
 The other pure function beside apply(): no transport, no clock, no randomness, no hooks. What the
-master knows besides State (live capacities, the catalog, the planner, parked requests, the time)
-arrives in a `DecisionView`; what it should do comes back as a `Decision`: events to index, chunks
-to send to API nodes (replies), and effects on the master's own bookkeeping. The master plugin is a
-thin shell that builds the view, calls decide and carries the decision out, so every decision is
-unit-tested without a network or an event loop. Ids the master mints (a re-placement's instance id)
-derive from the command's id, so the same inputs give the same decision.
-
-The master plugin decides its other duties (worker reports, prunes, a session's start) with pure
-functions of the same shape, built from the helpers here (`teardown`, `replace_lost`, `after`).
+master knows besides State (capacities, the catalog, the planner, parked requests, the time) comes
+in a `DecisionView`; what to do comes back as a `Decision` (events to index, error chunks for API
+nodes, effects on the master's bookkeeping), so every decision is unit-tested without a network.
+Ids the master mints derive from the command's id: the same inputs give the same decision. The
+master plugin's other duties (reports, prunes, a session's start) reuse the helpers here.
 """
 
 from __future__ import annotations
@@ -180,33 +176,15 @@ def teardown(state: State, instance_id: str, reason: str, *, failed: bool, view:
     return Decision(events=tuple(events), replies=tuple(replies))
 
 
-def replace_lost(
-    state: State,
-    lost: Instance,
-    excluded: tuple[NodeId, ...],
-    min_nodes: int,
-    seed: str,
-    view: DecisionView,
-    *,
-    fallback_excluding: NodeId | None = None,
-) -> Decision:
-    """Place the model of a lost instance again (keeping the operator's exclusions).
-
-    With `fallback_excluding`, a wider placement that fails falls back to one node fewer, without
-    the node that refused.
-    """
+def replacement(lost: Instance, seed: str, *, min_nodes: int, excluded: tuple[NodeId, ...]) -> cmd.PlaceInstance:
+    """The PlaceInstance that places a lost instance's model again (its id derives from `seed`)."""
+    command_id = CommandId(derived_id(seed, f"replace/{min_nodes}/{len(excluded)}"))
     model_id = lost.shard_assignments.model_id
-    retry = cmd.PlaceInstance(
-        command_id=CommandId(derived_id(seed, "replace")),
-        model_id=model_id,
-        min_nodes=min_nodes,
-        excluded_nodes=excluded,
-    )
-    attempts = [retry]
-    if fallback_excluding is not None:
-        attempts.append(
-            retry.model_copy(update={"min_nodes": 1, "excluded_nodes": (*lost.excluded_nodes, fallback_excluding)})
-        )
+    return cmd.PlaceInstance(command_id=command_id, model_id=model_id, min_nodes=min_nodes, excluded_nodes=excluded)
+
+
+def replace_lost(state: State, attempts: list[cmd.PlaceInstance], view: DecisionView) -> Decision:
+    """The first of `attempts` that places; else a Retry of the first, until capacity allows."""
     last = ""
     for attempt in attempts:
         try:
@@ -214,25 +192,18 @@ def replace_lost(
         except PlacementError as exc:
             last = exc.message
             continue
-        return Decision(
-            events=(ev.InstanceCreated(instance=instance),), log=(f"re-placing {model_id} as {instance.instance_id}",)
-        )
-    return Decision(log=(f"cannot re-place {model_id} yet (retrying): {last}",), effects=(Retry(retry),))
+        log = f"re-placing {attempt.model_id} as {instance.instance_id}"
+        return Decision(events=(ev.InstanceCreated(instance=instance),), log=(log,))
+    return Decision(
+        log=(f"cannot re-place {attempts[0].model_id} yet (retrying): {last}",), effects=(Retry(attempts[0]),)
+    )
 
 
 def _end_and_replace(
-    state: State,
-    inst: Instance,
-    reason: str,
-    excluded: tuple[NodeId, ...],
-    min_nodes: int,
-    seed: str,
-    view: DecisionView,
-    fallback_excluding: NodeId | None = None,
+    state: State, inst: Instance, reason: str, attempts: list[cmd.PlaceInstance], view: DecisionView
 ) -> Decision:
     ended = teardown(state, inst.instance_id, reason, failed=True, view=view)
-    after = state_after(state, ended.events, view)
-    return ended + replace_lost(after, inst, excluded, min_nodes, seed, view, fallback_excluding=fallback_excluding)
+    return ended + replace_lost(state_after(state, ended.events, view), attempts, view)
 
 
 def _error(command: cmd.TextGeneration | cmd.TextEmbedding, code: str, message: str) -> Decision:
@@ -328,9 +299,9 @@ def _(command: cmd.FailInstance, state: State, view: DecisionView) -> Decision:
     if command.replace_excluding is None and not command.replace:
         return teardown(state, inst.instance_id, command.reason, failed=True, view=view)
     culprit = () if command.replace_excluding is None else (command.replace_excluding,)
-    excluded = (*inst.excluded_nodes, *culprit)
     width = len(inst.shard_assignments.node_to_runner)
-    return _end_and_replace(state, inst, command.reason, excluded, width, command.command_id, view)
+    again = replacement(inst, command.command_id, min_nodes=width, excluded=(*inst.excluded_nodes, *culprit))
+    return _end_and_replace(state, inst, command.reason, [again], view)
 
 
 @_decide.register
@@ -340,8 +311,11 @@ def _(command: cmd.RefuseInstancePlacement, state: State, view: DecisionView) ->
     if inst is None:
         return NOTHING
     reason = f"node {command.node_id} refused the placement: {command.reason}"
-    wider = len(inst.shard_assignments.node_to_runner) + 1
-    return _end_and_replace(state, inst, reason, inst.excluded_nodes, wider, command.command_id, view, command.node_id)
+    wider = replacement(
+        inst, command.command_id, min_nodes=len(inst.shard_assignments.node_to_runner) + 1, excluded=inst.excluded_nodes
+    )
+    without = replacement(inst, command.command_id, min_nodes=1, excluded=(*inst.excluded_nodes, command.node_id))
+    return _end_and_replace(state, inst, reason, [wider, without], view)
 
 
 @_decide.register(cmd.TextGeneration)
@@ -380,6 +354,4 @@ def _(command: cmd.DeleteCustomModelCard, state: State, view: DecisionView) -> D
 
 @_decide.register
 def _(command: cmd.SetTracingEnabled, state: State, view: DecisionView) -> Decision:
-    if command.enabled == state.tracing_enabled:
-        return NOTHING
     return Decision(events=(ev.TracingStateChanged(enabled=command.enabled),))

@@ -33,8 +33,6 @@ from typing import Any, BinaryIO, Literal
 import msgpack
 import zstandard
 
-__all__ = ["ACTIVE_NAME", "EventLog", "EventLogStatus", "Mode", "Opener", "iter_records"]
-
 log = logging.getLogger(__name__)
 
 Mode = Literal["persisting", "counting_only"]

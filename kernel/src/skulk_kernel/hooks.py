@@ -1,9 +1,8 @@
 """Guarded hook calls: the one path by which the node calls plugins.
 
-pluggy stops a hook call at the first exception; the node instead calls each implementation on
-its own so one broken plugin cannot silence the rest (wrapper hookimpls are refused at load for
-that reason, see plugins.register_plugin). ``SKULK_TRACE_HOOKS=1`` logs every call. `collect`
-runs the ``register_*`` hooks through the same path, attributing each registration to its plugin.
+pluggy stops a hook call at the first exception; the node calls each implementation on its own
+so one broken plugin cannot silence the rest (hence wrappers are refused at load). `collect` runs
+the ``register_*`` hooks the same way, naming each registration's plugin. SKULK_TRACE_HOOKS=1 logs.
 """
 
 from __future__ import annotations

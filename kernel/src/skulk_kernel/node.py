@@ -1,8 +1,8 @@
 """The node runtime: one asyncio process that hosts the plugins a profile composes.
 
-The node owns the local State replica (fed only by indexed events), the planes (bridged into
-asyncio), the telemetry readings, the per-command chunk streams and the lifecycle. Roles (master,
-worker, API) are plugins that use these services through the hooks.
+It owns the State replica (fed only by indexed events), the planes (bridged into asyncio), the
+telemetry readings, the per-command chunk streams and the lifecycle; roles (master, worker, API)
+are plugins that use them through `contracts.NodeSurface`.
 """
 
 from __future__ import annotations
@@ -242,9 +242,7 @@ class Node:
             before = self.state
             self.state = apply(before, nxt)
             await self.hooks.acall("on_event_applied", node=self, event=nxt, before=before, after=self.state)
-            if self._state_changed is not None:
-                async with self._state_changed:
-                    self._state_changed.notify_all()
+            await self._notify()
 
     def reset_state(self, state: State) -> None:
         """Adopt a State wholesale (snapshot from a new master's session)."""
@@ -263,14 +261,12 @@ class Node:
             transport = self._transport(Topic.STATE_SYNC)
             try:
                 reply = await transport.request(master, Topic.STATE_SYNC, b"", SYNC_TIMEOUT_S)
-                snapshot = codec.decode(reply, StateSnapshot)
+                snapshot: StateSnapshot | None = codec.decode(reply, StateSnapshot)
             except Exception as exc:
                 log.warning("state sync from %s failed (%s); retrying in %.1fs", master, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if snapshot.state is None or snapshot.master_node_id != self.master_id:
-                await asyncio.sleep(delay)  # it is not master (yet): its session is starting
+                snapshot = None
+            if snapshot is None or snapshot.state is None or snapshot.master_node_id != self.master_id:
+                await asyncio.sleep(delay)  # failed, or it is not master yet (its session is starting)
                 delay = min(delay * 2, 5.0)
                 continue
             before = self.state
@@ -280,10 +276,13 @@ class Node:
             nxt = min(self._pending_events, default=None)
             if nxt is not None:
                 await self.ingest(self._pending_events[nxt])
-            if self._state_changed is not None:
-                async with self._state_changed:
-                    self._state_changed.notify_all()
+            await self._notify()
             return
+
+    async def _notify(self) -> None:
+        if self._state_changed is not None:
+            async with self._state_changed:
+                self._state_changed.notify_all()
 
     async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State:
         """Wait until State satisfies `predicate` (raises TimeoutError)."""

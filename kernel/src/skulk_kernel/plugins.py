@@ -115,12 +115,8 @@ def new_plugin_manager() -> pluggy.PluginManager:
 
 
 def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: str) -> None:
-    """Register one plugin; a wrapper hookimpl is refused, naming the plugin and the hook.
-
-    The node calls every implementation on its own (so one raising plugin cannot silence the
-    rest), which leaves no place for a wrapper around the others: refusing it here is the one
-    honest answer instead of calling it as if it were a plain implementation.
-    """
+    """Register one plugin, refusing a wrapper hookimpl (naming the plugin and the hook): the node
+    calls each implementation on its own, so a wrapper would silently run as a plain one."""
     pm.register(plugin, name=name)
     for caller in pm.get_hookcallers(plugin) or ():
         for impl in caller.get_hookimpls():

@@ -1,7 +1,5 @@
-"""Telemetry readings: this node's own probes, and the last-write-wins store of everyone's.
-
-Receipt time is stamped locally with a monotonic clock: freshness never trusts a sender's clock.
-"""
+"""Telemetry readings: this node's own probes, and the last-write-wins store of everyone's (receipt
+time stamped locally with a monotonic clock: freshness never trusts a sender's clock)."""
 
 from __future__ import annotations
 

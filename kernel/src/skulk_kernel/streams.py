@@ -1,9 +1,6 @@
-"""Per-command chunk streams on the API node.
-
-The API opens a stream for a command before sending it; chunks arriving on the data plane are
-routed here by command id and reordered by sequence number. A stream whose terminal chunk never
-comes ends with a typed error after an idle timeout, so no request ever hangs.
-"""
+"""Per-command chunk streams on the API node: opened before the command is sent, fed from the data
+plane by command id, reordered by sequence number, and ended with a typed error after an idle
+timeout when the terminal chunk never comes, so no request ever hangs."""
 
 from __future__ import annotations
 

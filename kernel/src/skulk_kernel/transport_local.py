@@ -1,8 +1,7 @@
 """The in-process transport: every plane inside one node, no network.
 
-It is the kernel default so a single node (and every unit test) runs with no transport plugin.
-Messages stay bytes so code paths match the networked transports.
-"""
+The kernel default, so a single node (and every unit test) runs with no transport plugin;
+messages stay bytes so code paths match the networked transports."""
 
 from __future__ import annotations
 

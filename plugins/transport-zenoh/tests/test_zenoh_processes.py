@@ -214,6 +214,7 @@ async def test_stop_is_prompt_while_a_peer_is_frozen(make_transport: Any, spawn:
 
 EXIT_SCRIPT = """
 import asyncio, sys
+from skulk_kernel.api import Topic
 from skulk_transport_zenoh.config import ZenohConfig
 from skulk_transport_zenoh.transport import ZenohTransport
 

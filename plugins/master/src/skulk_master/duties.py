@@ -35,6 +35,7 @@ from skulk_kernel.api import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
     replace_lost,
+    replacement,
     state_after,
     teardown,
 )
@@ -124,14 +125,10 @@ def decide_prune(state: State, node_id: str, heartbeat_age_s: float | None, view
     after = state_after(state, decision.events, view)
     without = replace(view, capacities={k: v for k, v in view.capacities.items() if k != node_id})
     for inst in lost:
-        replaced = replace_lost(
-            after,
-            inst,
-            (*inst.excluded_nodes, NodeId(node_id)),
-            len(inst.shard_assignments.node_to_runner),
-            f"{inst.instance_id}/{node_id}",
-            without,
-        )
+        excluded = (*inst.excluded_nodes, NodeId(node_id))
+        width = len(inst.shard_assignments.node_to_runner)
+        again = replacement(inst, f"{inst.instance_id}/{node_id}", min_nodes=width, excluded=excluded)
+        replaced = replace_lost(after, [again], without)
         after = state_after(after, replaced.events, view)
         decision += replaced
     return decision

@@ -268,7 +268,8 @@ class ZenohTransport:
         self._loop = asyncio.get_running_loop()
         self._closing = False
         node_options = options.get("options")
-        bootstrap = list(getattr(node_options, "bootstrap_peers", ()) or ())
+        # libp2p multiaddrs (/ip4/...) in --bootstrap-peers are the other transport's, not ours
+        bootstrap = [p for p in getattr(node_options, "bootstrap_peers", ()) or () if not p.startswith("/")]
         self.connect_endpoints = list(dict.fromkeys(normalize_endpoint(p) for p in [*self.config.connect, *bootstrap]))
         await asyncio.to_thread(self._open)
         _live.add(self)

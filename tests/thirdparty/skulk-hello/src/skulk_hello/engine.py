@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
-from skulk_kernel.api import Chunk, EmbeddingParams, EngineProbe, RunnerSpec, TextGenerationParams, TokenChunk, Usage
 
+from skulk_kernel.api import Chunk, EmbeddingParams, EngineProbe, RunnerSpec, TextGenerationParams, TokenChunk, Usage
 
 
 def _words(params: TextGenerationParams) -> list[str]:
@@ -19,9 +19,7 @@ class HelloSession:
     def count_tokens(self, params: TextGenerationParams) -> int:
         return len(_words(params)) + len(params.messages)
 
-    def generate(
-        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
-    ) -> Iterator[Chunk]:
+    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         last = next((m.content or "" for m in reversed(params.messages) if m.role == "user"), "")
         words = [f"{self.greeting},", *last.split()]
         limit = params.sampling.max_tokens or len(words)
