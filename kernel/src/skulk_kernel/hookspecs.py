@@ -154,7 +154,7 @@ def check_command(command: Command, state: State) -> str | None:
     """Veto a command before the master sequences it: return a reason string to refuse it.
 
     Called on the master for every command. The first non-None result refuses the command;
-    with no implementation every command is accepted.
+    the kernel default (trylast) accepts everything.
     """
 
 

@@ -1,8 +1,5 @@
-"""Typed identifiers.
-
-Ids are plain strings on the wire; the NewTypes exist so a signature says *which* id it wants and
-mypy catches a RunnerId passed where an InstanceId belongs.
-"""
+"""Typed identifiers: plain strings on the wire; the NewTypes make a signature say *which* id it
+wants, so mypy catches a RunnerId passed where an InstanceId belongs."""
 
 from __future__ import annotations
 
