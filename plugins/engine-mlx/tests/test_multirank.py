@@ -65,7 +65,8 @@ def test_smollm2_pipeline_equals_single_rank(smollm2_mlx: Path, smollm2_single: 
     assert_all_equal(smollm2_single, reports)
     assert sum(len(t) for t in smollm2_single.tokens) >= 5 * 32  # real answers, not early stops
     for report in reports:  # each rank holds clearly less than the whole model
-        assert report.rss_after_load < smollm2_single.rss_after_load - whole * 0.25, report
+        assert report.param_bytes < whole * (0.75 if world == 2 else 0.6), report
+        assert report.rss_after_load < smollm2_single.rss_after_load, report
 
 
 @pytest.mark.slow

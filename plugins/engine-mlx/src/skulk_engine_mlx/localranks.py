@@ -44,6 +44,7 @@ class RankReport:
     tokens: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     rss_after_load: int = 0
+    param_bytes: int = 0  # model weights this rank holds
     load_s: float = 0.0
     decode_tps: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
@@ -135,6 +136,7 @@ def rank_main(out: Any, job: RankJob, rank: int) -> None:
         session = MlxEngine().load(build_spec(job, card, rank), lambda d, t: None)
         report.load_s = time.perf_counter() - started
         report.rss_after_load = psutil.Process().memory_info().rss
+        report.param_bytes = session.param_bytes()
         if job.exit_after_load == rank:
             os._exit(3)
         for prompt in job.prompts:
@@ -153,6 +155,7 @@ def rank_main(out: Any, job: RankJob, rank: int) -> None:
             if chunks[-1].stats is not None:
                 report.decode_tps.append(chunks[-1].stats.generation_tps)
                 report.ttft_ms.append(chunks[-1].stats.ttft_ms)
+        session.close()
     except BaseException as exc:
         report.error = f"{type(exc).__name__}: {exc}"
     out.put(report)

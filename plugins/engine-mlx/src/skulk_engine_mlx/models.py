@@ -11,6 +11,7 @@ staging folder and moves the result into place atomically, then writes its sidec
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -59,16 +60,27 @@ def _run(cmd: list[str], timeout_s: float, what: str) -> None:
 
 
 def ensure_convert_venv(progress: Progress = _noop, timeout_s: float = 1800.0) -> Path:
-    """The conversion venv's python, creating the venv once (a marker file says it is complete)."""
+    """The conversion venv's python, creating the venv once (a marker file says it is complete).
+
+    A lock file serialises creation, so several nodes on one host provisioning at once share it.
+    """
     venv = convert_venv_dir()
     python = venv / "bin" / "python"
     marker = venv / ".skulk-mlx-convert-ready"
     if marker.is_file() and python.is_file():
         return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and python.is_file():
+            return python
+        return _create_venv(venv, python, marker, progress, timeout_s)
+
+
+def _create_venv(venv: Path, python: Path, marker: Path, progress: Progress, timeout_s: float) -> Path:
     progress("creating the conversion venv (torch + transformers, once)", 0.05)
     if venv.exists():
         shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "venv", str(venv)], 300, "creating the conversion venv")
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
     _run([*pip, CONVERT_TORCH], timeout_s, f"pip install {CONVERT_TORCH}")

@@ -244,5 +244,29 @@ class MlxSession:
             code="unsupported_task",
         )
 
-    def close(self) -> None:
+    def param_bytes(self) -> int:
+        """Bytes of model weights this rank holds (its share of the whole model)."""
+
+        def count() -> int:
+            from mlx.utils import tree_flatten
+
+            flat: Any = tree_flatten(self.loaded.model.parameters())
+            return sum(int(leaf.nbytes) for _, leaf in flat)
+
+        return self.compute.call(count, 30.0, "counting parameters")
+
+    def close(self, barrier_s: float = 5.0) -> None:
+        """A last barrier when every rank closes together (ring teardown otherwise spams errors)."""
+        group = self.loaded.group
+        if group is not None and self.broken is None and self.compute.lost is None:
+
+            def barrier() -> None:
+                import mlx.core as mx
+
+                mx.eval(mx.distributed.all_sum(mx.ones(1), group=group))
+
+            try:
+                self.compute.call(barrier, barrier_s, "the closing barrier")
+            except Exception as exc:
+                log.info("closing barrier skipped: %s", exc)
         self.compute.close()
