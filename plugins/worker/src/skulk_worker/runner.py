@@ -9,8 +9,9 @@ two multiprocessing queues; everything in them is a picklable kernel type.
                       | ("done", task_id, TaskStatus) | ("fatal", traceback) | ("broken", reason)
 
 A rank of a multi-rank instance runs every task too (collectives need every rank); its worker
-forwards only the output rank's chunks. A task that raises in a multi-rank runner reports the
-group broken: a failed collective leaves the ranks out of step, so the instance must be re-placed.
+forwards only the output rank's chunks. A task that raises in a multi-rank runner, or ends with an
+ErrorChunk coded `rank_failed`, reports the group broken: a failed collective leaves the ranks out
+of step, so the instance must be re-placed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from skulk_kernel.api import (
 )
 
 log = logging.getLogger("skulk.runner")
+RANK_FAILED = "rank_failed"  # an engine's ErrorChunk code: a collective failed, the group is unusable
 
 
 def _engine(profile: Profile, engine_name: str) -> Engine:
@@ -131,6 +133,8 @@ class _Serving:
             if is_terminal(chunk):
                 if isinstance(chunk, ErrorChunk):
                     status = "Failed"
+                    if chunk.code == RANK_FAILED and self.spec.group is not None:
+                        self.outq.put(("broken", f"rank {self.spec.shard.device_rank}: {chunk.message}"))
                 elif chunk.finish_reason == "cancelled":
                     status = "Cancelled"
                 break
