@@ -50,6 +50,8 @@ from skulk_kernel.api import (
     RunnerStatusUpdated,
     SetTracingEnabled,
     ShardAssignments,
+    SpeechParams,
+    SpeechSynthesis,
     State,
     TaskCreated,
     TaskDeleted,
@@ -58,6 +60,7 @@ from skulk_kernel.api import (
     TextGeneration,
     TextGenerationParams,
     TracingStateChanged,
+    Transcription,
     Unpark,
     apply,
     decide,
@@ -242,6 +245,18 @@ def test_text_generation_without_an_instance_is_refused_and_while_loading_is_par
     loading = applied(State(), InstanceCreated(instance=instance("i1", "a")))
     assert decide(loading, generation(), view()).effects == (Park(generation()),)
     assert decide(loading, generation(), view(parked=frozenset({"c1"}))).effects == ()
+
+
+def test_speech_commands_create_their_task_kind_or_are_refused() -> None:
+    fields = {
+        "command_id": CommandId("s1"),
+        "owner_node_id": NodeId("b"),
+        "params": SpeechParams(model_id=ModelId("m")),
+    }
+    for command in (SpeechSynthesis(**fields), Transcription(**fields)):  # type: ignore[arg-type]
+        decision = decide(serving(), command, view())
+        assert type(decision.events[0].task).__name__ == f"{type(command).__name__}Task"  # type: ignore[union-attr]
+        assert decide(State(), command, view()).replies[0].chunk.code == "model_not_placed"
 
 
 def test_text_generation_on_a_departed_node_fails_fast() -> None:

@@ -18,7 +18,7 @@ from .apply import OutOfOrderEvent, apply, replay
 from .commands import (
     COMMAND_TYPES, AddCustomModelCard, CancelTask, Command, CommandBase, CreateInstance, DeleteCustomModelCard,
     DeleteInstance, FailInstance, FinishTask, ForwardedCommand, PlaceInstance, RefuseInstancePlacement,
-    SetTracingEnabled, TextEmbedding, TextGeneration,
+    Request, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription,
 )
 from .contracts import (
     ApiAdapter, Election, Engine, EngineProbe, EngineSession, InferenceMiddleware, ModelStore, NodeCapacity,
@@ -56,10 +56,10 @@ from .state import (
 )
 from .streams import ChunkStream, StreamRouter
 from .tasks import (
-    TERMINAL_TASK_STATUSES, ChatMessage, Chunk, ChunkBase, EmbeddingChunk, EmbeddingParams, ErrorChunk, FinishReason,
-    GenerationStats, PrefillProgressChunk, SamplingParams, Task, TaskBase, TaskStatus, TextEmbeddingTask,
-    TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob, ToolCall, ToolCallChunk, ToolSpec,
-    TopLogprob, Usage, is_terminal,
+    TERMINAL_TASK_STATUSES, AudioChunk, ChatMessage, Chunk, ChunkBase, EmbeddingChunk, EmbeddingParams, ErrorChunk,
+    FinishReason, GenerationStats, PrefillProgressChunk, SamplingParams, SpeechParams, SpeechSynthesisTask, Task,
+    TaskBase, TaskStatus, TextEmbeddingTask, TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob,
+    ToolCall, ToolCallChunk, ToolSpec, TopLogprob, TranscriptChunk, TranscriptionTask, Usage, is_terminal,
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,

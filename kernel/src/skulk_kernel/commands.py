@@ -13,7 +13,7 @@ from pydantic import Field
 from .ids import CommandId, InstanceId, ModelId, NodeId
 from .instances import Instance, Sharding
 from .models import ModelCard
-from .tasks import EmbeddingParams, TextGenerationParams
+from .tasks import EmbeddingParams, SpeechParams, TextGenerationParams
 from .wire import Tagged, WireModel, tagged_union
 
 
@@ -70,6 +70,18 @@ class TextEmbedding(CommandBase):
     instance_id: InstanceId | None = None
 
 
+class SpeechSynthesis(CommandBase):
+    owner_node_id: NodeId
+    params: SpeechParams
+    instance_id: InstanceId | None = None
+
+
+class Transcription(CommandBase):
+    owner_node_id: NodeId
+    params: SpeechParams
+    instance_id: InstanceId | None = None
+
+
 class CancelTask(CommandBase):
     """Cancel the task created for `task_command_id` (client gone or POST /v1/cancel)."""
 
@@ -98,7 +110,9 @@ class SetTracingEnabled(CommandBase):
 Command: TypeAlias = (
     PlaceInstance | CreateInstance | DeleteInstance | RefuseInstancePlacement | FailInstance | TextGeneration
     | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
+    | SpeechSynthesis | Transcription
 )
+Request: TypeAlias = TextGeneration | TextEmbedding | SpeechSynthesis | Transcription
 # fmt: on
 COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)
 if not TYPE_CHECKING:

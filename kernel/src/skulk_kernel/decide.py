@@ -24,7 +24,7 @@ from .ids import CommandId, InstanceId, NodeId, TaskId
 from .instances import Instance, instance_ready
 from .models import ModelCard
 from .state import State
-from .tasks import TERMINAL_TASK_STATUSES, ErrorChunk, TextEmbeddingTask, TextGenerationTask
+from .tasks import TERMINAL_TASK_STATUSES, ErrorChunk, tasks_by_name
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Reply:
 class Park:
     """Keep a request until an instance of its model is ready (the master retries each second)."""
 
-    command: cmd.TextGeneration | cmd.TextEmbedding
+    command: cmd.Request
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def _end_and_replace(
     return ended + replace_lost(state_after(state, ended.events, view), attempts, view)
 
 
-def _error(command: cmd.TextGeneration | cmd.TextEmbedding, code: str, message: str) -> Decision:
+def _error(command: cmd.Request, code: str, message: str) -> Decision:
     return Decision(replies=(reply(command.owner_node_id, command.command_id, code, message),))
 
 
@@ -232,7 +232,7 @@ def pick_instance(state: State, model_id: str, view: DecisionView) -> Instance |
     return min(ready, key=lambda i: (load[i.instance_id], i.instance_id))
 
 
-def dispatch(state: State, command: cmd.TextGeneration | cmd.TextEmbedding, view: DecisionView) -> Decision:
+def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision:
     """Create the task on the least-loaded ready instance, refuse it, or park it until one is ready."""
     model_id = command.params.model_id
     instance = pick_instance(state, model_id, view)
@@ -258,11 +258,7 @@ def dispatch(state: State, command: cmd.TextGeneration | cmd.TextEmbedding, view
         "instance_id": instance.instance_id,
         "owner_node_id": command.owner_node_id,
     }
-    task = (
-        TextGenerationTask(**common, params=command.params)
-        if isinstance(command, cmd.TextGeneration)
-        else TextEmbeddingTask(**common, params=command.params)
-    )
+    task = tasks_by_name[f"{type(command).__name__}Task"](**common, params=command.params)
     unpark = (Unpark(command.command_id),) if command.command_id in view.parked else ()
     return Decision(events=(ev.TaskCreated(task=task),), effects=unpark)
 
@@ -320,7 +316,9 @@ def _(command: cmd.RefuseInstancePlacement, state: State, view: DecisionView) ->
 
 @_decide.register(cmd.TextGeneration)
 @_decide.register(cmd.TextEmbedding)
-def _(command: cmd.TextGeneration | cmd.TextEmbedding, state: State, view: DecisionView) -> Decision:
+@_decide.register(cmd.SpeechSynthesis)
+@_decide.register(cmd.Transcription)
+def _(command: cmd.Request, state: State, view: DecisionView) -> Decision:
     return dispatch(state, command, view)
 
 

@@ -14,7 +14,7 @@ from pydantic import Field
 from .ids import ModelId
 from .wire import WireModel
 
-ModelTask = Literal["TextGeneration", "TextEmbedding", "SpeechSynthesis", "ImageGeneration"]
+ModelTask = Literal["TextGeneration", "TextEmbedding", "SpeechSynthesis", "Transcription", "ImageGeneration"]
 
 
 class ModelCard(WireModel):

@@ -7,7 +7,7 @@ through State or the event log, so they are kept small and cheap to build.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 from pydantic import Field
 
@@ -73,6 +73,17 @@ class EmbeddingParams(WireModel):
     inputs: tuple[str, ...] = Field(min_length=1)
 
 
+class SpeechParams(WireModel):
+    """A speech request: `input` text to speak, or an upload (sent on the data plane, never in State)."""
+
+    model_id: ModelId
+    input: str = ""
+    voice: str | None = None
+    audio_sha256: str | None = None
+    audio_bytes: int = Field(default=0, ge=0)
+    options: dict[str, Any] = Field(default_factory=dict, description="speed, language, format...: the engine's")
+
+
 class TaskBase(Tagged):
     """Fields every task kind shares; the union of kinds is `Task`."""
 
@@ -91,7 +102,16 @@ class TextEmbeddingTask(TaskBase):
     params: EmbeddingParams
 
 
-Task: TypeAlias = TextGenerationTask | TextEmbeddingTask
+class SpeechSynthesisTask(TaskBase):
+    params: SpeechParams
+
+
+class TranscriptionTask(TaskBase):
+    params: SpeechParams
+
+
+Task: TypeAlias = TextGenerationTask | TextEmbeddingTask | SpeechSynthesisTask | TranscriptionTask
+tasks_by_name: dict[str, Any] = {t.__name__: t for t in get_args(Task)}
 if not TYPE_CHECKING:
     Task = tagged_union(Task)
 
@@ -159,13 +179,31 @@ class PrefillProgressChunk(ChunkBase):
     total: int
 
 
+class AudioChunk(ChunkBase):
+    data: str = Field(description="base64 audio bytes (speech out, or a piece of an upload)")
+    format: str = "pcm"
+    sample_rate: int = 0
+
+
+class TranscriptChunk(ChunkBase):
+    text: str
+    start: float = 0.0
+    end: float = 0.0
+    words: tuple[tuple[str, float, float], ...] = ()
+    language: str = ""
+
+
 class ErrorChunk(ChunkBase):
     message: str
     error_type: str = "server_error"
     code: str | None = None
 
 
-Chunk: TypeAlias = TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | ErrorChunk
+# fmt: off
+Chunk: TypeAlias = (
+    TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | AudioChunk | TranscriptChunk | ErrorChunk
+)
+# fmt: on
 if not TYPE_CHECKING:
     Chunk = tagged_union(Chunk)
 

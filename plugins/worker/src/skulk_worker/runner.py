@@ -36,8 +36,10 @@ from skulk_kernel.api import (
     RunnerRunning,
     RunnerSpec,
     RunnerWarmingUp,
+    SpeechSynthesisTask,
     TextEmbeddingTask,
     TextGenerationTask,
+    TranscriptionTask,
     is_terminal,
 )
 
@@ -105,6 +107,9 @@ class _Serving:
         if isinstance(task, TextEmbeddingTask):
             self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
             return "Complete"
+        if isinstance(task, SpeechSynthesisTask | TranscriptionTask):  # speech engines (plugins/speech)
+            speak = self.session.synthesize if isinstance(task, SpeechSynthesisTask) else self.session.transcribe
+            return self._relay(task, speak(task.command_id, task.params, flag.is_set))
         assert isinstance(task, TextGenerationTask)
         params = task.params
         prompt = self.session.count_tokens(params)
@@ -127,8 +132,12 @@ class _Serving:
                 )
             )
             return "Failed"
+        return self._relay(task, self.session.generate(task.command_id, params, flag.is_set))
+
+    def _relay(self, task: Any, chunks: Any) -> str:
+        """Send a session's chunks to the worker up to the terminal one; the task's final status."""
         status = "Complete"
-        for chunk in self.session.generate(task.command_id, params, flag.is_set):
+        for chunk in chunks:
             self.outq.put(("chunk", task.task_id, chunk))
             if is_terminal(chunk):
                 if isinstance(chunk, ErrorChunk):
