@@ -55,6 +55,19 @@ class ZenohConfig(BaseModel):
             "other versions out. Every node of a cluster must use the same setting."
         ),
     )
+    secure: bool = Field(
+        default=True,
+        description=(
+            "members only: mutual TLS with a CA derived from the cluster secret, and an HMAC, sender and "
+            "counter on every message (see secret.py). Off only for benchmarks: then anyone on the network "
+            "can join. Every node of a cluster must use the same setting."
+        ),
+    )
+    replay_max_age_s: float = Field(
+        default=300.0,
+        gt=1,
+        description="a session first seen with a frame older than this is a replay (or a clock that is off)",
+    )
     send_queue: int = Field(default=8192, ge=16, description="bounded send queue per plane (messages)")
     hello_interval_s: float = Field(
         default=5.0,

@@ -7,8 +7,12 @@ to (its connect endpoints and the peers it scouted but is not connected to) whic
 A hello of another version, sent or answered, is a mismatch: the transport logs it loudly and lists
 it in `mismatched_peers`. Same-version hellos carry no news and are ignored.
 
-Datagrams: ``SKULK-HELLO1 {"v": version, "node": node_id, "ask": bool, "at": [listen locators]}``;
-only an ask is answered,
+The hello also carries the cluster's public fingerprint (``"c"``, derived from the cluster secret,
+empty when the node runs without one): a node of the same version but another cluster (or none) is
+one the TLS handshake refuses, and it is reported as a refused peer (`on_refused`).
+
+Datagrams: ``SKULK-HELLO1 {"v": version, "node": node_id, "ask": bool, "at": [listen locators],
+"c": cluster id}``; only an ask is answered,
 never an answer (no loops), and nothing larger than 512 bytes is read.
 """
 
@@ -32,19 +36,28 @@ SCOUTED_TTL_S = 30.0
 Address = tuple[str, int]
 
 
-def encode_hello(version: str, node_id: str, ask: bool, locators: list[str] | tuple[str, ...] = ()) -> bytes:
+def encode_hello(
+    version: str, node_id: str, ask: bool, locators: list[str] | tuple[str, ...] = (), cluster: str = ""
+) -> bytes:
     at = [loc for loc in locators if len(loc) <= 64][:4]
-    body = {"v": version, "node": node_id, "ask": ask, "at": at}
+    body = {"v": version, "node": node_id, "ask": ask, "at": at, "c": cluster}
     return PREFIX + json.dumps(body, separators=(",", ":")).encode()
 
 
 def decode_hello(data: bytes) -> tuple[str, str, bool, list[str]] | None:
     """(version, node_id, ask, listen locators) of a hello; None for anything else."""
+    decoded = decode_hello_cluster(data)
+    return None if decoded is None else decoded[:4]
+
+
+def decode_hello_cluster(data: bytes) -> tuple[str, str, bool, list[str], str] | None:
+    """(version, node_id, ask, listen locators, cluster id) of a hello; None for anything else."""
     if not data.startswith(PREFIX) or len(data) > MAX_DATAGRAM:
         return None
     try:
         body = json.loads(data[len(PREFIX) :])
         version, node, ask, at = body["v"], body["node"], body.get("ask", False), body.get("at", [])
+        cluster = body.get("c", "")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not (
@@ -53,15 +66,16 @@ def decode_hello(data: bytes) -> tuple[str, str, bool, list[str]] | None:
         and isinstance(ask, bool)
         and isinstance(at, list)
         and all(isinstance(a, str) for a in at)
+        and isinstance(cluster, str)
     ):
         return None
-    return version[:64], node[:128], ask, at[:4]
+    return version[:64], node[:128], ask, at[:4], cluster[:32]
 
 
 def tcp_address(locator: str) -> Address | None:
     """(host, port) of a ``tcp/HOST:PORT`` locator (IPv4 or a name); None for anything else."""
     proto, _, rest = locator.partition("/")
-    if proto not in ("tcp", "udp") or not rest:
+    if proto not in ("tcp", "tls", "udp") or not rest:
         return None
     rest = rest.split("#", 1)[0].split("?", 1)[0]
     host, sep, port = rest.rpartition(":")
@@ -83,7 +97,11 @@ class HelloService:
         on_mismatch: Callable[[str, str, str], None],
         connected_zids: Callable[[], set[str]],
         locators: list[str] | None = None,
+        cluster: str = "",
+        on_refused: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        self.cluster = cluster
+        self._on_refused = on_refused
         self.node_id = node_id
         self.locators = list(locators or [])
         self.version = version
@@ -164,8 +182,8 @@ class HelloService:
             return list(dict.fromkeys([*self._static, *scouted]))
 
     def _run(self) -> None:
-        ask = encode_hello(self.version, self.node_id, True, self.locators)
-        answer = encode_hello(self.version, self.node_id, False, self.locators)
+        ask = encode_hello(self.version, self.node_id, True, self.locators, self.cluster)
+        answer = encode_hello(self.version, self.node_id, False, self.locators, self.cluster)
         next_probe = time.monotonic() + 0.2  # let scouting report first
         probes = 0
         while not self._stop.is_set():
@@ -191,15 +209,18 @@ class HelloService:
                     data, address = sock.recvfrom(MAX_DATAGRAM + 1)
                 except OSError:
                     continue
-                hello = decode_hello(data)
+                hello = decode_hello_cluster(data)
                 if hello is None:
                     continue
-                version, node, wants_answer, at = hello
+                version, node, wants_answer, at, cluster = hello
                 if node == self.node_id:
                     continue
                 if version != self.version:
                     where = ", ".join(at) if at else f"udp/{address[0]}:{address[1]}"
                     self._on_mismatch(node, version, where)
+                elif cluster != self.cluster and self._on_refused is not None:
+                    where = ", ".join(at) if at else f"udp/{address[0]}:{address[1]}"
+                    self._on_refused(node, where, f"{address[0]} (cluster {cluster or 'none: no secret'})")
                 if wants_answer:
                     with contextlib.suppress(OSError):
                         sock.sendto(answer, address)

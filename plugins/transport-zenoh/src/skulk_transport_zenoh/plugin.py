@@ -26,3 +26,11 @@ def register_transports(register: Callable[[Any], None], node: NodeSurface) -> N
 
     config = node.plugin_config(PLUGIN) if node is not None else None
     register(ZenohTransport(config or ZenohConfig(), node=node))
+
+
+@hookimpl
+def register_cli_commands(cli: Any) -> None:
+    """`skulk-kernel cluster token`: print the join token of this node's cluster again."""
+    from .cli import add_cluster_commands
+
+    add_cluster_commands(cli)

@@ -7,7 +7,10 @@ Key space (``V`` is the network version)::
     skulk/V/rpc/<topic>/<node_id>       queryables answering request()
     skulk/V/alive/<node_id>             liveliness tokens: membership
 
-Every payload travels in a frame that names its sender (frames.py). Threads:
+Every payload travels in a frame that names its sender. With `secure` (the default) the frame is
+sealed (sealed.py: sender, session, counter, HMAC keyed from the cluster secret) and links are
+mutual TLS with a CA derived from the same secret (tls.py), so only members connect and the sender
+a callback receives is authenticated. Threads:
 
 * one sender thread per plane drains a bounded queue into Zenoh puts, so a put that blocks (blocking
   congestion control towards a frozen peer stalls up to 5 s) never blocks the event loop;
@@ -49,6 +52,9 @@ from . import frames
 from .config import ZenohConfig, effective_network_version
 from .frames import Keys, MalformedFrame
 from .hello import HelloService, tcp_address
+from .sealed import Opener, Rejected, Sealer
+from .secret import ClusterSecret, announce_new_secret, resolve_secret
+from .tls import secure_endpoint, zenoh_tls_config
 
 log = logging.getLogger("skulk.transport.zenoh")
 
@@ -84,6 +90,19 @@ class MismatchedPeer:
     address: str  # its listen locators (from its hello), or the key its liveliness token was seen on
     via: str  # "hello" or "liveliness"
     last_seen: float  # time.time()
+
+
+@dataclass(frozen=True)
+class RefusedPeer:
+    """A node of this network version that does not hold this cluster's secret: never a member."""
+
+    node_id: str
+    address: str
+    detail: str
+    last_seen: float
+
+
+MAX_REFUSED = 32  # hellos are unauthenticated: a flood of them must not grow without bound
 
 
 def version_password(version: str) -> str:
@@ -253,6 +272,12 @@ class ZenohTransport:
         self._rpc_pool: ThreadPoolExecutor | None = None
         self._auth_file: str | None = None
         self._malformed = _RateLimitedLog()
+        self.cluster: ClusterSecret | None = None
+        self._sealer: Sealer | None = None
+        self._opener: Opener | None = None
+        self._refused: dict[str, RefusedPeer] = {}
+        self._rejected: dict[str, int] = {}  # kind -> frames dropped (forged, replayed, stale)
+        self._rejected_log = _RateLimitedLog()
         self.connect_endpoints: list[str] = []
         self.listen_locators: list[str] = []
         self.zid = ""
@@ -271,17 +296,35 @@ class ZenohTransport:
         # libp2p multiaddrs (/ip4/...) in --bootstrap-peers are the other transport's, not ours
         bootstrap = [p for p in getattr(node_options, "bootstrap_peers", ()) or () if not p.startswith("/")]
         self.connect_endpoints = list(dict.fromkeys(normalize_endpoint(p) for p in [*self.config.connect, *bootstrap]))
+        if self.config.secure:
+            home = getattr(node_options, "home", None)
+            extra = getattr(node_options, "extra", None) or {}
+            self.cluster = await asyncio.to_thread(resolve_secret, home, extra.get("join_token"))
+            announce_new_secret(self.cluster)
+            mac_key = self.cluster.key(f"frame-mac:{self.network_version}")
+            self._sealer = Sealer(mac_key, node_id)
+            self._opener = Opener(mac_key, self.config.replay_max_age_s)
+            self.connect_endpoints = [secure_endpoint(e) for e in self.connect_endpoints]
+        else:
+            log.warning(
+                "ZENOH TRANSPORT IS NOT SECURED ([plugins.transport-zenoh] secure = false): any host on the "
+                "network can join this cluster, read its traffic and send it commands"
+            )
         await asyncio.to_thread(self._open)
         _live.add(self)
         log.info(
             "zenoh transport up: node %s, zid %s, network version %s, listening on %s, connecting to %s, "
-            "multicast scouting %s",
+            "multicast scouting %s, %s",
             node_id,
             self.zid,
             self.network_version,
             ", ".join(self.listen_locators) or "?",
             ", ".join(self.connect_endpoints) or "nothing",
             "on" if self.config.multicast_scouting else "off",
+            f"members only (mutual TLS, sealed frames; cluster {self.cluster.cluster_id}, secret from "
+            f"{self.cluster.source})"
+            if self.cluster
+            else "NOT SECURED",
         )
         node = self._node() if self._node is not None else None
         if node is not None:
@@ -299,7 +342,10 @@ class ZenohTransport:
             zc.insert_json5(key, json.dumps(value))
 
         put("mode", "peer")
-        put("listen/endpoints", list(cfg.listen))
+        listen = [secure_endpoint(e) for e in cfg.listen] if self.cluster else list(cfg.listen)
+        put("listen/endpoints", listen)
+        if self.cluster is not None:
+            put("transport/link/tls", zenoh_tls_config(self.cluster, self.node_id))
         put("connect/endpoints", self.connect_endpoints)
         put("scouting/multicast/enabled", cfg.multicast_scouting)
         if cfg.multicast_address:
@@ -380,6 +426,8 @@ class ZenohTransport:
             self._note_hello_mismatch,
             self._connected_zids,
             self.listen_locators,
+            cluster=self.cluster.cluster_id if self.cluster else "",
+            on_refused=self._note_refused,
         )
         ports = [a[1] for a in map(tcp_address, self.listen_locators) if a is not None and a[1]]
         hello.bind(ports)
@@ -475,7 +523,8 @@ class ZenohTransport:
         lane = self._lane(topic)
         self._deliver(topic, self.node_id, payload)
         if lane is not None:
-            item = (self._broadcast_keys[topic], frames.encode(self._sender, payload))
+            key = self._broadcast_keys[topic]
+            item = (key, self._frame(key, payload))
             if lane.lock.locked() or not lane.offer(item):  # offer(): the hot path, no coroutine
                 await lane.put(item)
 
@@ -487,7 +536,8 @@ class ZenohTransport:
         lane = self._lane(topic)
         if lane is not None:
             frames.check_chunk(node_id, "node id")
-            item = (self.keys.addressed(topic.plane.value, topic.value, node_id), frames.encode(self._sender, payload))
+            key = self.keys.addressed(topic.plane.value, topic.value, node_id)
+            item = (key, self._frame(key, payload))
             if lane.lock.locked() or not lane.offer(item):
                 await lane.put(item)
 
@@ -521,9 +571,36 @@ class ZenohTransport:
                 self._session.declare_subscriber(key, on_sample, allowed_origin=zenoh.Locality.REMOTE)
             )
 
+    def _frame(self, key: str, payload: bytes) -> bytes:
+        """The frame for `payload` put on `key`: sealed when secure."""
+        if self._sealer is not None:
+            return self._sealer.seal(key, payload)
+        return frames.encode(self._sender, payload)
+
+    def _unframe(self, key: str, frame: bytes) -> tuple[str, bytes]:
+        """(authenticated sender, payload); raises Rejected or MalformedFrame."""
+        if self._opener is not None:
+            try:
+                return self._opener.open(key, frame)
+            except Rejected as exc:
+                if exc.kind == "malformed":
+                    raise MalformedFrame(str(exc)) from None
+                self._note_rejected(exc)
+                raise
+        return frames.decode(frame)
+
+    def _note_rejected(self, exc: Rejected) -> None:
+        with self._lock:
+            self._rejected[exc.kind] = self._rejected.get(exc.kind, 0) + 1
+        if self._rejected_log.should_log():
+            log.warning("REJECTED a %s frame (%d rejected so far): %s", exc.kind, self._rejected_log.count, exc)
+        self._publish_health()
+
     def _on_sample(self, topic: Topic, sample: Any) -> None:
         try:
-            sender, payload = frames.decode(sample.payload.to_bytes())
+            sender, payload = self._unframe(str(sample.key_expr), sample.payload.to_bytes())
+        except Rejected:
+            return
         except MalformedFrame as exc:
             if self._malformed.should_log():
                 log.warning(
@@ -614,9 +691,6 @@ class ZenohTransport:
         with self._lock:
             first = node_id not in self._mismatched
             self._mismatched[node_id] = MismatchedPeer(node_id, version, address, via, time.time())
-            summary = "; ".join(
-                f"{p.node_id} runs {p.network_version} ({p.address})" for p in self._mismatched.values()
-            )
         if first:
             log.error(
                 "NETWORK VERSION MISMATCH: node %s at %s runs network version %r, this node runs %r; "
@@ -626,10 +700,58 @@ class ZenohTransport:
                 version,
                 self.network_version,
             )
+        self._publish_health()
+
+    def _note_refused(self, node_id: str, address: str, detail: str) -> None:
+        """A hello from a node of this version without this cluster's secret: TLS refuses it."""
+        with self._lock:
+            first = node_id not in self._refused
+            if first and len(self._refused) >= MAX_REFUSED:
+                self._refused.pop(min(self._refused, key=lambda k: self._refused[k].last_seen))
+            self._refused[node_id] = RefusedPeer(node_id, address, detail, time.time())
+        if first:
+            log.error(
+                "REFUSED PEER: node %s at %s tried to join without this cluster's secret (%s); its TLS "
+                "handshake is refused. To let it in, give it the join token (`skulk-kernel cluster token`)",
+                node_id,
+                address,
+                detail,
+            )
+        self._publish_health()
+
+    @property
+    def refused_peers(self) -> dict[str, RefusedPeer]:
+        """Nodes of this version seen trying to join without the cluster secret (diagnostics)."""
+        with self._lock:
+            return dict(self._refused)
+
+    @property
+    def rejected_frames(self) -> dict[str, int]:
+        """Frames dropped by kind: forged (bad MAC), replayed, stale."""
+        with self._lock:
+            return dict(self._rejected)
+
+    def _publish_health(self) -> None:
+        with self._lock:
+            notes: dict[str, str] = {}
+            if self._mismatched:
+                notes["mismatched_peers"] = "; ".join(
+                    f"{p.node_id} runs {p.network_version} ({p.address})" for p in self._mismatched.values()
+                )
+            if self._refused:
+                notes["refused_peers"] = "; ".join(
+                    f"{p.node_id} at {p.address} has no secret of this cluster, refused ({p.detail})"
+                    for p in self._refused.values()
+                )
+            if self._rejected:
+                notes["rejected_frames"] = ", ".join(f"{n} {kind}" for kind, n in sorted(self._rejected.items()))
         node = self._node() if self._node is not None else None
         if node is not None:
             with contextlib.suppress(Exception):
-                node.health_notes["transport-zenoh"] = {"mismatched_peers": summary}
+                if notes:
+                    node.health_notes["transport-zenoh"] = notes
+                else:
+                    node.health_notes.pop("transport-zenoh", None)
 
     # ================================================================ request / reply
 
@@ -663,7 +785,11 @@ class ZenohTransport:
         with query:
             try:
                 raw = query.payload.to_bytes() if query.payload is not None else b""
-                sender, payload = frames.decode(raw)
+                sender, payload = self._unframe(str(query.key_expr), raw)
+            except Rejected:
+                with contextlib.suppress(Exception):
+                    query.reply_err(b"request refused: not authenticated")
+                return
             except MalformedFrame as exc:
                 if self._malformed.should_log():
                     log.warning("dropped a malformed request on %s: %s", query.key_expr, exc)
@@ -680,7 +806,8 @@ class ZenohTransport:
                 if not isinstance(result, (bytes, bytearray, memoryview)):
                     raise TypeError(f"a request handler must return bytes, not {type(result).__name__}")
                 # reply on this node's own key: replies to a wildcard request stay apart
-                query.reply(self.keys.rpc(topic.value, self.node_id), frames.encode(self._sender, bytes(result)))
+                reply_key = self.keys.rpc(topic.value, self.node_id)
+                query.reply(reply_key, self._frame(reply_key, bytes(result)))
             except Exception as exc:
                 log.warning("request handler for %s failed on a request from %s: %r", topic.value, sender, exc)
                 with contextlib.suppress(Exception):
@@ -724,7 +851,7 @@ class ZenohTransport:
         errors: list[str] = []
         handler = self._session.get(
             key,
-            payload=frames.encode(self._sender, payload),
+            payload=self._frame(key, payload),
             timeout=timeout,
             target=zenoh.QueryTarget.ALL,
             consolidation=zenoh.QueryConsolidation(zenoh.ConsolidationMode.NONE),
@@ -735,7 +862,10 @@ class ZenohTransport:
         for reply in handler:
             if reply.ok is not None:
                 try:
-                    sender, body = frames.decode(reply.ok.payload.to_bytes())
+                    sender, body = self._unframe(str(reply.ok.key_expr), reply.ok.payload.to_bytes())
+                except Rejected as exc:
+                    errors.append(f"rejected reply: {exc}")
+                    continue
                 except MalformedFrame as exc:
                     errors.append(f"malformed reply: {exc}")
                     continue
@@ -767,6 +897,10 @@ class ZenohTransport:
             "connect": list(self.connect_endpoints),
             "peers": sorted(self.peers),
             "mismatched_peers": {k: v.__dict__ for k, v in self.mismatched_peers.items()},
+            "secure": self.cluster is not None,
+            "cluster_id": self.cluster.cluster_id if self.cluster else None,
+            "refused_peers": {k: v.__dict__ for k, v in self.refused_peers.items()},
+            "rejected_frames": self.rejected_frames,
             "malformed_frames": self.malformed_frames,
             "dropped_messages": self.dropped_messages,
         }
