@@ -107,7 +107,9 @@ def test_parse_maps_every_block_kind() -> None:
     assert p.tools[0].name == "get_weather" and p.tools[0].parameters == {"type": "object"}
     assert p.tool_choice == "required"
     s = p.sampling
-    assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.stop) == (0.5, 0.9, 40, 64, ("END",))
+    # stop sequences are matched by the route (so the answer can name the one that hit), not the engine
+    assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.stop) == (0.5, 0.9, 40, 64, ())
+    assert req.stop_sequences == ("END",)
     assert p.enable_thinking is True
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from ollama import ChatResponse, GenerateResponse
+from skulk_api_ollama import context
 from skulk_api_ollama import wire
 from skulk_api_ollama.requests import (
     RequestError,
@@ -248,7 +249,8 @@ def test_generate_ndjson_records() -> None:
     records = [json.loads(line) for line in _lines("generate", chunks)]
     parsed = [GenerateResponse.model_validate(r) for r in records]
     assert "".join(p.response for p in parsed) == "a b"  # type: ignore[misc]
-    assert records[-1]["response"] == "" and records[-1]["context"] == [] and records[-1]["done_reason"] == "length"
+    assert records[-1]["response"] == "" and records[-1]["done_reason"] == "length"
+    assert records[-1]["context"] and all(isinstance(t, int) for t in records[-1]["context"])
 
 
 def test_error_mid_stream_is_an_error_line() -> None:
@@ -268,7 +270,8 @@ def test_non_stream_bodies() -> None:
     assert body.done and body.message.content == "Hello there" and body.message.thinking == "hmm"
     assert body.message.tool_calls[0].function.arguments == {"x": 1}  # type: ignore[index]
     gen = GenerateResponse.model_validate(wire.generate_body(got, model="m", timing=timing))
-    assert gen.response == "Hello there" and gen.context == []
+    assert gen.response == "Hello there"
+    assert context.decode(gen.context) == [("assistant", "Hello there")]
     assert ChatResponse.model_validate(wire.load_body("m", "chat")).done_reason == "load"
     assert GenerateResponse.model_validate(wire.load_body("m", "generate")).response == ""
 

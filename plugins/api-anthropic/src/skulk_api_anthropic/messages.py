@@ -5,7 +5,8 @@ Wire rules (reference/api-wire-checklist.md 2.0 X2/X6 and 2.4 A1-A7):
 * every SSE event is `event: <type>` + `data: {"type": "<type>", ...}` with the same name;
 * `message_start` first, with `content: []` and a `usage` object; `ping` only while waiting;
 * content blocks get dense indices from 0 in start order; each block is started with its empty
-  field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}`), gets its deltas, and is
+  field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}`, with no `caller` key:
+  the Vercel AI SDK refuses `"caller": null`), gets its deltas, and is
   stopped before the next one starts; a tool call is one block with its whole input as one
   `input_json_delta` (always a JSON object);
 * `message_delta` carries `stop_reason`, `stop_sequence` and cumulative `usage` (input and output
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skulk_api_control import wire_common
-from skulk_api_control.wire_common import GENERATION_FAILED, error_status, token_counts, tool_arguments
+from skulk_api_control.wire_common import GENERATION_FAILED, StopWatch, error_status, token_counts, tool_arguments
 from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 ERROR_TYPES = {
@@ -47,12 +48,11 @@ def error_type_for(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
-def stop_reason(reason: str | None, had_tool_calls: bool) -> str:
-    """The kernel's finish reason as Anthropic spells it.
-
-    `stop_sequence` is never reported: the kernel's terminal chunk does not say whether a stop string
-    or the end of the turn ended the generation, so both are `end_turn` (see the README).
-    """
+def stop_reason(reason: str | None, had_tool_calls: bool, stop_sequence: str | None = None) -> str:
+    """The kernel's finish reason as Anthropic spells it (`stop_sequence` when the route's
+    `StopWatch` matched one of the request's stop sequences)."""
+    if stop_sequence is not None:
+        return "stop_sequence"
     if had_tool_calls and reason in (None, "stop", "tool_calls"):
         return "tool_use"
     if reason == "length":
@@ -83,6 +83,8 @@ def usage_body(input_tokens: int, output_tokens: int) -> dict[str, Any]:
         "cache_creation": None,
         "server_tool_use": None,
         "service_tier": None,
+        "inference_geo": None,
+        "output_tokens_details": None,
     }
 
 
@@ -126,7 +128,6 @@ class Collected(wire_common.Collected):
                     "id": tool_use_id(call.id),
                     "name": call.name,
                     "input": tool_arguments(call),
-                    "caller": None,
                 }
             )
         self.had_tool_calls = self.had_tool_calls or bool(calls)
@@ -145,7 +146,9 @@ async def collect(chunks: AsyncIterator[Chunk]) -> Collected:
     return await wire_common.collect(Collected(), chunks)
 
 
-def message_body(c: Collected, *, message_id: str, model: str, input_estimate: int) -> dict[str, Any]:
+def message_body(
+    c: Collected, *, message_id: str, model: str, input_estimate: int, stop_sequence: str | None = None
+) -> dict[str, Any]:
     input_tokens, output_tokens = usage_counts(c.usage, input_estimate, c.tokens)
     return {
         "id": message_id,
@@ -153,8 +156,8 @@ def message_body(c: Collected, *, message_id: str, model: str, input_estimate: i
         "role": "assistant",
         "model": model,
         "content": c.blocks,
-        "stop_reason": stop_reason(c.finish_reason, c.had_tool_calls),
-        "stop_sequence": None,
+        "stop_reason": stop_reason(c.finish_reason, c.had_tool_calls, stop_sequence),
+        "stop_sequence": stop_sequence,
         "stop_details": None,
         "container": None,
         "usage": usage_body(input_tokens, output_tokens),
@@ -167,8 +170,9 @@ def message_body(c: Collected, *, message_id: str, model: str, input_estimate: i
 class MessageStreamEncoder:
     """Turns chunks into Anthropic SSE text; one instance per response."""
 
-    def __init__(self, *, message_id: str, model: str, input_estimate: int) -> None:
+    def __init__(self, *, message_id: str, model: str, input_estimate: int, stops: StopWatch | None = None) -> None:
         self.message_id = message_id
+        self.stops = stops or StopWatch(())
         self.model = model
         self.input_estimate = input_estimate
         self.index = -1
@@ -240,7 +244,6 @@ class MessageStreamEncoder:
                         "id": tool_use_id(call.id),
                         "name": call.name,
                         "input": {},
-                        "caller": None,
                     }
                 )
             )
@@ -259,6 +262,7 @@ class MessageStreamEncoder:
 
     def finish(self, reason: str | None, usage: Usage | None) -> str:
         input_tokens, output_tokens = usage_counts(usage, self.input_estimate, self.tokens)
+        matched = self.stops.matched
         return (
             self._close_block()
             + sse(
@@ -266,8 +270,8 @@ class MessageStreamEncoder:
                 {
                     "type": "message_delta",
                     "delta": {
-                        "stop_reason": stop_reason(reason, self.had_tool_calls),
-                        "stop_sequence": None,
+                        "stop_reason": stop_reason(reason, self.had_tool_calls, matched),
+                        "stop_sequence": matched,
                         "stop_details": None,
                     },
                     "usage": {
@@ -283,7 +287,7 @@ class MessageStreamEncoder:
 
     async def events(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         """Everything after message_start, ending with message_stop (or an error event)."""
-        async for chunk in chunks:
+        async for chunk in self.stops.watch(chunks):
             if isinstance(chunk, ErrorChunk):
                 yield self._close_block() + error_event(
                     "invalid_request_error" if error_status(chunk) == 400 else "api_error", chunk.message

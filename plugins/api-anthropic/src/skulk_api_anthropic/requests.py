@@ -15,8 +15,10 @@ Mapping:
 * Image, document and other block types are a 400: the kernel's messages carry text only.
 * `tools` (custom tools: name, description, input_schema), `tool_choice` (`auto` / `any` ->
   `required` / `none` / `tool` -> the tool's name), sampling (`temperature`, `top_p`, `top_k`,
-  `stop_sequences`), `max_tokens` (required for /v1/messages), `thinking` (`enabled` / `adaptive`
-  -> enable_thinking True, `disabled` -> False; the budget is not enforced).
+  `stop_sequences`, matched by the route so the answer names the one that hit), `max_tokens`
+  (required for /v1/messages), `thinking` (`enabled` / `adaptive` -> enable_thinking True,
+  `disabled` -> False; the budget is not enforced), structured outputs (`output_format` /
+  `output_config.format`: `{"type": "json_schema", "schema": ...}`) decoded under a grammar.
 """
 
 from __future__ import annotations
@@ -89,13 +91,19 @@ class MessagesIn(_In):
     stop_sequences: list[str] | None = None
     stream: bool | None = None
     thinking: ThinkingIn | None = None
+    output_format: dict[str, Any] | None = None  # structured outputs (beta spelling)
+    output_config: dict[str, Any] | None = None  # structured outputs: {"format": {...}}
 
 
 @dataclass(frozen=True)
 class MessagesRequest:
+    """`params` carry no stop strings: `stop_sequences` are matched by the route (`StopWatch`), so the
+    answer can report which one ended it."""
+
     params: TextGenerationParams
     model: str
     stream: bool
+    stop_sequences: tuple[str, ...] = ()
 
 
 def _text_of(block: dict[str, Any], where: str) -> str:
@@ -277,13 +285,20 @@ def parse_messages_request(data: dict[str, Any], *, require_max_tokens: bool = T
                 top_p=req.top_p,
                 top_k=req.top_k if req.top_k else None,
                 max_tokens=req.max_tokens,
-                stop=tuple(s for s in req.stop_sequences or () if s),
             ),
             enable_thinking=_thinking(req.thinking),
         )
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    return MessagesRequest(params=params, model=req.model, stream=bool(req.stream))
+    fmt, where = req.output_format, "output_format"
+    if fmt is None and req.output_config is not None:
+        fmt, where = req.output_config.get("format"), "output_config.format"
+    try:
+        params = requests_common.constrain(params, fmt, where)
+    except requests_common.ConstraintError as exc:
+        raise RequestError(str(exc)) from None
+    stops = tuple(s for s in req.stop_sequences or () if s)
+    return MessagesRequest(params=params, model=req.model, stream=bool(req.stream), stop_sequences=stops)
 
 
 def estimate_tokens(params: TextGenerationParams) -> int:

@@ -33,7 +33,7 @@ from skulk_api_control.adapter_routes import (
 )
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, generate
 from skulk_api_control.streaming import Dispatch
-from skulk_api_control.wire_common import error_status
+from skulk_api_control.wire_common import StopWatch, error_status
 from skulk_kernel.api import ErrorChunk, NodeSurface, new_id
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -116,14 +116,19 @@ def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float 
         estimate = estimate_tokens(req.params)
         command_id = new_id()
         message_id = f"msg_{command_id}"  # so POST /v1/cancel/{command_id} can be found from the message
-        encoder = messages.MessageStreamEncoder(message_id=message_id, model=model, input_estimate=estimate)
+        stops = StopWatch(req.stop_sequences)
+        encoder = messages.MessageStreamEncoder(
+            message_id=message_id, model=model, input_estimate=estimate, stops=stops
+        )
 
         async def complete(handle: InferenceHandle) -> Response:
-            got = await messages.collect(handle.chunks())
+            got = await messages.collect(stops.watch(handle.chunks()))
             if got.error is not None:
                 return chunk_error(got.error)
             return JSONResponse(
-                messages.message_body(got, message_id=message_id, model=model, input_estimate=estimate),
+                messages.message_body(
+                    got, message_id=message_id, model=model, input_estimate=estimate, stop_sequence=stops.matched
+                ),
                 headers={"request-id": request_id()},
             )
 

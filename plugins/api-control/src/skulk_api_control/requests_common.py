@@ -14,6 +14,13 @@ that takes is the same for all of them and lives here; only the spelling differs
   `(where, "where: message")`, with the field path in dotted (`messages.0.content`) or bracketed
   (`messages[0].content`) spelling.
 
+* `constrain` puts a response format (JSON mode, a JSON schema) on the kernel params, after
+  `check_schema` has refused what no engine here can enforce (a 400 naming the keyword, never a
+  silent ignore). The kernel's params have no field for it, so it travels inside `tool_choice` as
+  `CONSTRAINT_PREFIX + JSON` (`{"tool_choice": <the original>, "response_format": {...}}`): engines
+  that know the prefix (engine-llamacpp, engine-echo) decode under a grammar; any other engine sees
+  a `tool_choice` that is not `"none"`, which is what it would have seen anyway when tools are there.
+
 No FastAPI or Starlette here: adapters' parsers load without the web stack (their plugin entry points
 and `ApiAdapter`s must stay light).
 """
@@ -25,8 +32,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from skulk_kernel.api import TextGenerationParams
 
-__all__ = ["RequestError", "StrictBody", "invalid_field", "parse_json_object", "validate"]
+__all__ = [
+    "CONSTRAINT_PREFIX",
+    "ConstraintError",
+    "RequestError",
+    "StrictBody",
+    "check_schema",
+    "constrain",
+    "invalid_field",
+    "parse_json_object",
+    "validate",
+]
 
 E = TypeVar("E", bound="RequestError")
 
@@ -102,3 +120,107 @@ def invalid_field(exc: ValidationError, *, brackets: bool) -> tuple[str, str]:
         elif isinstance(part, int) or not _is_branch_tag(part):
             where += ("." if where else "") + str(part)
     return where, f"{where or 'body'}: {what}"
+
+
+# --- constrained output ---------------------------------------------------------------------------
+
+CONSTRAINT_PREFIX = "skulk-constraint:"
+
+#: JSON Schema keywords the engines' grammar compilers enforce (or that only annotate).
+SCHEMA_KEYWORDS = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+        "maxItems", "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength",
+        "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern", "format",
+        "minProperties", "maxProperties",
+        # annotations: no effect on what may be generated
+        "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+        "readOnly", "writeOnly", "strict",
+    }
+)  # fmt: skip
+SCHEMA_FORMATS = frozenset({"date", "time", "date-time", "email", "uuid"})
+SCHEMA_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+
+class ConstraintError(ValueError):
+    """A response format or schema the engines cannot enforce; the message says what to change."""
+
+
+def check_schema(schema: Any, where: str = "schema") -> None:
+    """Refuse (ConstraintError) a schema that uses a feature a grammar here would silently drop."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"{where}: a JSON schema must be an object, not {type(schema).__name__}")
+    for key, value in schema.items():
+        at = f"{where}.{key}"
+        if key.startswith("x-"):
+            continue
+        if key not in SCHEMA_KEYWORDS:
+            raise ConstraintError(
+                f"{at}: the JSON schema keyword {key!r} is not supported for constrained output "
+                f"(supported: {', '.join(sorted(k for k in SCHEMA_KEYWORDS if not k.startswith('$')))})"
+            )
+        if key == "type":
+            types = value if isinstance(value, list) else [value]
+            bad = [t for t in types if t not in SCHEMA_TYPES]
+            if bad:
+                raise ConstraintError(f"{at}: unknown type {bad[0]!r}")
+        elif key in ("properties", "$defs", "definitions"):
+            if not isinstance(value, dict):
+                raise ConstraintError(f"{at}: must be an object of schemas")
+            for name, sub in value.items():
+                check_schema(sub, f"{at}.{name}")
+        elif key in ("items", "additionalProperties"):
+            check_schema(value, at)
+        elif key in ("anyOf", "oneOf", "prefixItems"):
+            if not isinstance(value, list) or not value:
+                raise ConstraintError(f"{at}: must be a non-empty list of schemas")
+            for i, sub in enumerate(value):
+                check_schema(sub, f"{at}[{i}]")
+        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            raise ConstraintError(f'{at}: only local references ("#/$defs/...") are supported, not {value!r}')
+        elif key == "format" and value not in SCHEMA_FORMATS:
+            raise ConstraintError(
+                f"{at}: format {value!r} is not supported (supported: {', '.join(sorted(SCHEMA_FORMATS))})"
+            )
+        elif key == "pattern" and (not isinstance(value, str) or "(?" in value):
+            raise ConstraintError(f"{at}: lookaround and other (?...) groups are not supported in patterns")
+
+
+def response_format_of(value: Any, where: str = "response_format") -> dict[str, Any] | None:
+    """An OpenAI-style response_format (`text` / `json_object` / `json_schema`) as the engines' form:
+    None for free text, else `{"type": "json_object"}` or `{"type": "json_schema", "schema", "strict"}`."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConstraintError(f"{where}: must be an object with a `type`")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise ConstraintError(f"{where}.type: must be 'text', 'json_object' or 'json_schema', not {kind!r}")
+    spec = value.get("json_schema", value)  # Chat nests it; Responses' text.format does not
+    if not isinstance(spec, dict):
+        raise ConstraintError(f"{where}.json_schema: must be an object with a `schema`")
+    schema = spec.get("schema")
+    if schema is None:
+        raise ConstraintError(f"{where}.json_schema.schema: required (the JSON schema the answer must follow)")
+    check_schema(schema, f"{where}.json_schema.schema")
+    return {"type": "json_schema", "schema": schema, "strict": bool(spec.get("strict"))}
+
+
+def constrain(
+    params: TextGenerationParams, response_format: Any, where: str = "response_format"
+) -> TextGenerationParams:
+    """`params` with the response format carried to the engine (unchanged for free text)."""
+    fmt = response_format_of(response_format, where)
+    if fmt is None:
+        return params
+    if params.tools and params.tool_choice not in (None, "none", "auto"):
+        raise ConstraintError(f"{where}: cannot be combined with a required or named tool_choice")
+    tools = () if params.tool_choice == "none" else params.tools
+    carried = json.dumps({"tool_choice": params.tool_choice, "response_format": fmt}, separators=(",", ":"))
+    return params.model_copy(update={"tools": tools, "tool_choice": CONSTRAINT_PREFIX + carried})

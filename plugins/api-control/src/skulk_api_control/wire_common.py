@@ -12,7 +12,10 @@ lives here so it cannot drift between formats:
   count tokens, keep the terminal chunk's finish reason, usage and stats, turn a `finish_reason:
   "error"` into an ErrorChunk); each adapter subclasses `Collected` to keep the text and calls its
   body needs;
-* `collect_embeddings`: the vectors and prompt tokens of an embedding call.
+* `collect_embeddings`: the vectors and prompt tokens of an embedding call;
+* `StopWatch`: stop sequences matched on the API side, for formats that must say which one ended
+  the answer (Anthropic's `stop_reason: "stop_sequence"` + `stop_sequence`), which the kernel's
+  terminal chunk cannot say.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "GENERATION_FAILED",
     "Collected",
     "CollectedEmbeddings",
+    "StopWatch",
     "collect",
     "collect_embeddings",
     "error_status",
@@ -146,3 +150,50 @@ async def collect_embeddings(chunks: AsyncIterator[Chunk]) -> CollectedEmbedding
         if chunk.usage is not None:
             out.prompt_tokens = chunk.usage.prompt_tokens
     return out
+
+
+class StopWatch:
+    """Stop sequences matched here instead of in the engine, so the answer can name the one that hit.
+
+    The engine is sent no stop strings; `watch(chunks)` passes the text on, holding back a tail that
+    could be the start of a stop string, and at the first match cuts the text before it, sets
+    `matched`, and ends the stream with a terminal `finish_reason: "stop"` chunk of its own. The
+    caller's handle then sees an unfinished task and cancels it when it closes (the engine stops
+    within a token or two). Reasoning text is never matched (stop sequences apply to the answer).
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.matched: str | None = None
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self._tail = ""
+
+    def _find(self, text: str) -> tuple[int, str] | None:
+        hits = [(text.find(s), s) for s in self.stops if s in text]
+        return min(hits) if hits else None
+
+    async def watch(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+        if not self.stops:
+            async for chunk in chunks:
+                yield chunk
+            return
+        async for chunk in chunks:
+            if isinstance(chunk, TokenChunk) and not chunk.reasoning:
+                text = self._tail + chunk.text
+                hit = self._find(text)
+                if hit is not None:
+                    self.matched = hit[1]
+                    if hit[0]:
+                        yield chunk.model_copy(update={"text": text[: hit[0]], "finish_reason": None})
+                    yield TokenChunk(command_id=chunk.command_id, seq=chunk.seq, text="", finish_reason="stop")
+                    return
+                keep = self._hold if chunk.finish_reason is None else 0
+                self._tail = text[len(text) - keep :] if keep and len(text) > keep else (text if keep else "")
+                out = text[: len(text) - len(self._tail)]
+                if out or chunk.finish_reason is not None or chunk.logprobs:
+                    yield chunk.model_copy(update={"text": out})
+                continue
+            if self._tail and (chunk.finish_reason is not None or isinstance(chunk, ToolCallChunk)):
+                yield TokenChunk(command_id=chunk.command_id, seq=chunk.seq, text=self._tail)
+                self._tail = ""
+            yield chunk

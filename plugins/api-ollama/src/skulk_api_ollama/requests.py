@@ -18,8 +18,13 @@ Mapping:
   engine default), stop (string or list), repeat_penalty -> repetition_penalty, presence_penalty,
   frequency_penalty. Others (num_ctx, num_gpu, mirostat, ...) are accepted and ignored.
 * `think`: true or a level (`low` / `medium` / `high`) -> enable_thinking True, false -> False.
-* `format` (JSON mode / schema) and `keep_alive` are accepted and ignored (see the README).
-* `"tools": []` (what the Python client always sends) means no tools.
+* `format`: `"json"` -> a JSON-object constraint, a JSON schema object -> that schema (the engine
+  decodes under a grammar, see `skulk_api_control.requests_common.constrain`); `keep_alive` is
+  accepted and ignored.
+* `/api/generate` `context` (what an earlier answer returned, see `context.py`) puts the earlier turns
+  before the new prompt.
+* `"tools": []` (what the Python client always sends) means no tools; `tool_choice` (an extension,
+  OpenAI's spelling: `required` or a tool's name) forces a call.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any
 from pydantic import ValidationError
 from skulk_api_control import requests_common
 from skulk_kernel.api import ChatMessage, EmbeddingParams, SamplingParams, TextGenerationParams, ToolCall, ToolSpec
+
+from . import context
 
 
 class RequestError(requests_common.RequestError):
@@ -243,6 +250,34 @@ class GenerationRequest:
     model: str
     params: TextGenerationParams | None  # None: a load request (no messages / empty prompt)
     stream: bool
+    #: /api/generate: the conversation up to the answer, which the answer's `context` encodes
+    turns: tuple[tuple[str, str], ...] = ()
+
+
+def tool_choice(data: dict[str, Any], tools: tuple[ToolSpec, ...]) -> str | None:
+    """An extension (Ollama itself has none): `tool_choice` as OpenAI spells it, to force a call."""
+    value = data.get("tool_choice")
+    if value is None or not tools:
+        return None
+    if isinstance(value, dict):
+        value = (value.get("function") or {}).get("name") or value.get("name")
+    if not isinstance(value, str) or not value:
+        raise RequestError('tool_choice: must be "none", "auto", "required" or a tool\'s name')
+    if value not in ("none", "auto", "required") and value not in {t.name for t in tools}:
+        raise RequestError(f"tool_choice: no tool named {value!r} in `tools`")
+    return value
+
+
+def response_format(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Ollama's `format` as an OpenAI-style response_format (None: free text)."""
+    value = data.get("format")
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return {"type": "json_object"}
+    if isinstance(value, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": value, "strict": True}}
+    raise RequestError(f'format: must be "json" or a JSON schema object, not {json.dumps(value)[:80]}')
 
 
 def _stream(data: dict[str, Any]) -> bool:
@@ -258,10 +293,11 @@ def _params(
     raw_prompt: str | None = None,
 ) -> TextGenerationParams:
     try:
-        return TextGenerationParams(
+        params = TextGenerationParams(
             model_id=model,
             messages=messages,
             tools=tools,
+            tool_choice=tool_choice(data, tools),
             sampling=sampling(data),
             enable_thinking=thinking(data),
             raw_prompt=raw_prompt,
@@ -269,6 +305,10 @@ def _params(
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise RequestError(f"{'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}") from None
+    try:
+        return requests_common.constrain(params, response_format(data))
+    except requests_common.ConstraintError as exc:
+        raise RequestError(f"format: {exc}") from None
 
 
 def parse_chat(data: dict[str, Any]) -> GenerationRequest:
@@ -293,13 +333,22 @@ def parse_generate(data: dict[str, Any]) -> GenerationRequest:
     if not prompt:
         sampling(data)
         return GenerationRequest(model=model, params=None, stream=stream)
+    try:
+        earlier = context.decode(data["context"]) if data.get("context") is not None else []
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
     if raw:
-        messages: tuple[ChatMessage, ...] = (ChatMessage(role="user", content=prompt),)
-        return GenerationRequest(model=model, params=_params(model, messages, data, raw_prompt=prompt), stream=stream)
-    messages = ((ChatMessage(role="system", content=system),) if system else ()) + (
-        ChatMessage(role="user", content=prompt),
+        full = "".join(t for _, t in earlier) + prompt
+        messages: tuple[ChatMessage, ...] = (ChatMessage(role="user", content=full),)
+        params = _params(model, messages, data, raw_prompt=full)
+        return GenerationRequest(model=model, params=params, stream=stream, turns=(("raw", full),))
+    history = tuple(ChatMessage(role="user" if r == "raw" else r, content=t) for r, t in earlier if r != "system")
+    head = (ChatMessage(role="system", content=system),) if system else ()
+    messages = head + history + (ChatMessage(role="user", content=prompt),)
+    params = _params(model, messages, data)
+    return GenerationRequest(
+        model=model, params=params, stream=stream, turns=tuple(context.turns_of(messages[len(head) :], None))
     )
-    return GenerationRequest(model=model, params=_params(model, messages, data), stream=stream)
 
 
 def parse_embed(data: dict[str, Any]) -> tuple[str, EmbeddingParams]:

@@ -190,11 +190,12 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             got = await wire.collect(handle.chunks(), timing)
             if got.error is not None:
                 return ERRORS.chunk(got.error)
-            body_fn = wire.chat_body if kind == "chat" else wire.generate_body
-            return JSONResponse(body_fn(got, model=req.model, timing=timing))
+            if kind == "chat":
+                return JSONResponse(wire.chat_body(got, model=req.model, timing=timing))
+            return JSONResponse(wire.generate_body(got, model=req.model, timing=timing, turns=req.turns))
 
         def stream(dispatch: Dispatch) -> AsyncIterator[str]:
-            encoder = wire.StreamEncoder(model=req.model, kind=kind, timing=timing)
+            encoder = wire.StreamEncoder(model=req.model, kind=kind, timing=timing, turns=req.turns)
             return stream_body(
                 dispatch, lambda handle: encoder.lines(handle.chunks()), lambda exc: wire.line({"error": exc.message})
             )

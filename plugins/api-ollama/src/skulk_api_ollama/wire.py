@@ -9,8 +9,8 @@ Wire rules (reference/api-wire-checklist.md 2.5 O1-O8):
   final records); generate records always carry `response`;
 * tool calls are `{id, function: {index, name, arguments: {object}}}`;
 * non-final records have `done: false`; the final one has `done: true`, `done_reason` and the
-  counters and durations (nanosecond ints), generate's also `context` (always `[]`: the kernel does
-  not hand token ids to the API);
+  counters and durations (nanosecond ints), generate's also `context` (the conversation so far,
+  which continues it when sent back: see `context.py`);
 * an error after the stream started is a `{"error": "text"}` line, then the stream ends.
 """
 
@@ -26,6 +26,12 @@ from typing import Any
 from skulk_api_control import wire_common
 from skulk_api_control.wire_common import GENERATION_FAILED, token_counts, tool_arguments
 from skulk_kernel.api import Chunk, ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage
+
+from . import context
+
+
+def _is_raw(turns: tuple[tuple[str, str], ...]) -> bool:
+    return bool(turns) and turns[-1][0] == "raw"
 
 
 def now_rfc3339() -> str:
@@ -135,7 +141,9 @@ def chat_body(c: Collected, *, model: str, timing: Timing) -> dict[str, Any]:
     }
 
 
-def generate_body(c: Collected, *, model: str, timing: Timing) -> dict[str, Any]:
+def generate_body(
+    c: Collected, *, model: str, timing: Timing, turns: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "created_at": now_rfc3339(), "response": "".join(c.content)}
     if c.thinking:
         body["thinking"] = "".join(c.thinking)
@@ -143,7 +151,7 @@ def generate_body(c: Collected, *, model: str, timing: Timing) -> dict[str, Any]
         **body,
         "done": True,
         "done_reason": done_reason(c.finish_reason),
-        "context": [],
+        "context": context.encode([*turns, ("raw" if _is_raw(turns) else "assistant", "".join(c.content))]),
         **counters(timing, c.usage, c.stats, c.tokens),
     }
 
@@ -161,7 +169,9 @@ def load_body(model: str, kind: str) -> dict[str, Any]:
 class StreamEncoder:
     """Chunks -> NDJSON lines for `/api/chat` (kind "chat") or `/api/generate` (kind "generate")."""
 
-    def __init__(self, *, model: str, kind: str, timing: Timing) -> None:
+    def __init__(self, *, model: str, kind: str, timing: Timing, turns: tuple[tuple[str, str], ...] = ()) -> None:
+        self.turns = turns
+        self.answer: list[str] = []
         self.model = model
         self.chat = kind == "chat"
         self.timing = timing
@@ -190,7 +200,11 @@ class StreamEncoder:
         if not chunk.text:
             return ""
         self.tokens += 1
-        return self._record(thinking=chunk.text) if chunk.reasoning else self._record(chunk.text)
+        if chunk.reasoning:
+            return self._record(thinking=chunk.text)
+        if not self.chat:
+            self.answer.append(chunk.text)
+        return self._record(chunk.text)
 
     def tool_calls(self, chunk: ToolCallChunk) -> str:
         if not chunk.calls or not self.chat:  # /api/generate sends no tools, so gets no calls
@@ -212,7 +226,9 @@ class StreamEncoder:
         obj["done"] = True
         obj["done_reason"] = done_reason(chunk.finish_reason)
         if not self.chat:
-            obj["context"] = []
+            obj["context"] = context.encode(
+                [*self.turns, ("raw" if _is_raw(self.turns) else "assistant", "".join(self.answer))]
+            )
         obj.update(counters(self.timing, chunk.usage, chunk.stats, self.tokens))
         return line(obj)
 

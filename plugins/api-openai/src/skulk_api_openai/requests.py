@@ -134,6 +134,7 @@ class ChatCompletionRequest(_In):
     enable_thinking: bool | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,10 @@ def parse_chat_request(data: dict[str, Any]) -> ChatRequest:
         )
     except ValidationError as exc:
         raise validation_error(exc) from None
+    try:
+        params = requests_common.constrain(params, req.response_format)
+    except requests_common.ConstraintError as exc:
+        raise RequestError(str(exc), param="response_format", code="unsupported_schema") from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return ChatRequest(
         params=params,

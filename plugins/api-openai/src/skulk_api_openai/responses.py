@@ -115,7 +115,7 @@ class ResponsesEncoder:
             "service_tier": "default",
             "store": False,
             "temperature": req.temperature,
-            "text": {"format": {"type": "text"}, "verbosity": "medium"},
+            "text": {"format": req.text_format or {"type": "text"}, "verbosity": "medium"},
             "tool_choice": req.tool_choice,
             "tools": [dict(t) for t in req.tools],
             "top_logprobs": req.top_logprobs,

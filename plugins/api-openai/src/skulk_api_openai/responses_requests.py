@@ -14,6 +14,7 @@ fields ignored, every caller mistake a 400 in OpenAI's error shape naming the fi
 * `reasoning` items (replayed output): their text becomes the next assistant turn's reasoning;
 * anything else (`item_reference`, built-in tool calls, ...) is a 400.
 
+`temperature` and `top_p` default to 1.0 (OpenAI's defaults), sent to the engine and reported as used.
 `instructions` becomes the first, system message; `max_output_tokens` is the token limit;
 `reasoning.effort` turns thinking off (`none`) or on (any other value); `include:
 ["message.output_text.logprobs"]` (with `top_logprobs`) asks for logprobs. `previous_response_id` and
@@ -26,11 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
+from skulk_api_control import requests_common
 from skulk_kernel.api import ChatMessage, TextGenerationParams, ToolCall, ToolSpec
 
 from .requests import RequestError, _arguments, _In, _validate, sampling_params, validation_error
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's defaults for a Responses request that sets neither
+DEFAULT_TOP_P = 1.0
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
@@ -68,6 +72,7 @@ class ResponsesRequestIn(_In):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stop: str | list[str] | None = None
     enable_thinking: bool | None = None
+    text: dict[str, Any] | None = None
 
 
 class _Part(_In):
@@ -135,6 +140,7 @@ class ResponsesRequest:
     metadata: dict[str, str]
     presence_penalty: float
     frequency_penalty: float
+    text_format: dict[str, Any] | None = None  # echoed as `text.format` (None: `{"type": "text"}`)
 
 
 def _item(model: type[BaseModel], data: dict[str, Any], where: str) -> Any:
@@ -333,19 +339,30 @@ def parse_responses_request(data: dict[str, Any]) -> ResponsesRequest:
     specs, echoed = _tools(req.tools)
     kernel_choice, echoed_choice = _tool_choice(req.tool_choice, specs)
     logprobs = LOGPROBS_INCLUDE in (req.include or ())
+    # The response reports the values used, so the API's documented defaults are sent, not left to
+    # the engine's own (llama.cpp's would be 0.8 / 0.95).
+    temperature = req.temperature if req.temperature is not None else DEFAULT_TEMPERATURE
+    top_p = req.top_p if req.top_p is not None else DEFAULT_TOP_P
     try:
         params = TextGenerationParams(
             model_id=req.model,
             messages=tuple(messages),
             tools=tuple(specs),
             tool_choice=kernel_choice,
-            sampling=sampling_params(req, req.max_output_tokens),
+            sampling=sampling_params(req, req.max_output_tokens).model_copy(
+                update={"temperature": temperature, "top_p": top_p}
+            ),
             logprobs=logprobs,
             top_logprobs=(req.top_logprobs or 0) if logprobs else 0,
             enable_thinking=_thinking(req),
         )
     except ValidationError as exc:
         raise validation_error(exc) from None
+    text_format = (req.text or {}).get("format")
+    try:
+        params = requests_common.constrain(params, text_format, "text.format")
+    except requests_common.ConstraintError as exc:
+        raise RequestError(str(exc), param="text.format", code="unsupported_schema") from None
     reasoning: dict[str, Any] = {"effort": None, "summary": None}
     if req.reasoning is not None:
         reasoning = {"effort": req.reasoning.effort, "summary": req.reasoning.summary}
@@ -359,12 +376,13 @@ def parse_responses_request(data: dict[str, Any]) -> ResponsesRequest:
         parallel_tool_calls=req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
         max_output_tokens=req.max_output_tokens,
         max_tool_calls=req.max_tool_calls,
-        temperature=req.temperature,
-        top_p=req.top_p,
+        temperature=temperature,
+        top_p=top_p,
         logprobs=logprobs,
         top_logprobs=req.top_logprobs or 0,
         reasoning=reasoning,
         metadata=dict(req.metadata or {}),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
+        text_format=text_format if isinstance(text_format, dict) else None,
     )

@@ -32,7 +32,8 @@ from skulk_kernel.api import (
     Usage,
 )
 
-from .events import BackendError, ContextLengthExceeded, Finish, TextDelta, ToolCallDelta
+from .constraints import parse_tool_choice
+from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 
 MINILM_MAX_TOKENS = 256
 
@@ -74,7 +75,7 @@ def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
 
 
 def to_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
-    if not params.tools or params.tool_choice == "none":
+    if not params.tools or parse_tool_choice(params.tool_choice).tool_choice == "none":
         return None
     return [
         {
@@ -146,9 +147,16 @@ class LlamaSession:
                 logprobs=params.logprobs,
                 top_logprobs=params.top_logprobs,
                 cancel=cancelled,
+                constraint=parse_tool_choice(params.tool_choice),
+                enable_thinking=params.enable_thinking,
             )
             calls: list[ToolCall] = []
             for event in events:
+                if isinstance(event, ReasoningDelta):
+                    first_at = first_at or time.perf_counter()
+                    yield TokenChunk(command_id=command_id, seq=seq, text=event.text, reasoning=True)
+                    seq += 1
+                    continue
                 if isinstance(event, TextDelta):
                     if not event.text and not event.logprobs:
                         continue
@@ -176,6 +184,15 @@ class LlamaSession:
             )
             return
         except BackendError as exc:
+            if exc.status == 400 and seq == 0:  # the request asked for something impossible: a 400
+                yield ErrorChunk(
+                    command_id=command_id,
+                    seq=seq,
+                    message=f"invalid request: {exc}",
+                    error_type="invalid_request_error",
+                    code="invalid_request",
+                )
+                return
             yield ErrorChunk(command_id=command_id, seq=seq, message=f"llama.cpp: {exc}", code="engine_error")
             return
         # The backend ends without a Finish only when cancelled.

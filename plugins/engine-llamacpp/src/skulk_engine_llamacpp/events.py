@@ -45,6 +45,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Reasoning text (a ``<think>`` block, or the server's ``reasoning_content``), never the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """One complete tool call (never a fragment): ``arguments_json`` is a JSON object text."""
 
@@ -61,7 +68,7 @@ class Finish:
     timings: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-Event = TextDelta | ToolCallDelta | Finish
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish
 
 
 class BackendError(RuntimeError):

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .constraints import Constraint, call_schema, format_schema, gbnf_call, gbnf_json
 from .events import (
     BackendError,
     CancelCheck,
@@ -30,10 +31,13 @@ from .events import (
     Event,
     Finish,
     FinishReason,
+    ReasoningDelta,
     TextDelta,
     TokenLogprob,
     TopLogprob,
 )
+from .reasoning import OPEN as THINK_OPEN
+from .reasoning import ThinkSplitter
 from .templates import (
     chatml_tools_template,
     default_system_prompt,
@@ -158,14 +162,20 @@ class LlamaInProcess:
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
         return list(self._model().tokenize(text.encode("utf-8"), add_bos=add_special, special=True))
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> str:
         llm = self._model()
         template = self.tools_template if tools else (self.chat_template or self.tools_template)
         if template is None:
             raise BackendError("model has no chat template and no tool template")
         eos = llm._model.token_get_text(llm.token_eos()) if llm.token_eos() >= 0 else ""
         bos = llm._model.token_get_text(llm.token_bos()) if llm.token_bos() >= 0 else ""
-        return render(template, messages, tools, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        return render(template, messages, tools, add_generation_prompt=True, bos_token=bos, eos_token=eos, **extra)
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         return len(self.tokenize(self.render_prompt(messages, tools), add_special=True))
@@ -179,13 +189,31 @@ class LlamaInProcess:
         logprobs: bool = False,
         top_logprobs: int = 0,
         cancel: CancelCheck | None = None,
+        constraint: Constraint | None = None,
+        enable_thinking: bool | None = None,
     ) -> Iterator[Event]:
-        """Stream one completion. Holds the model lock for the whole stream: consume or close it."""
+        """Stream one completion. Holds the model lock for the whole stream: consume or close it.
+
+        ``constraint`` / ``enable_thinking``: as in ``LlamaServer.chat`` (GBNF grammars here)."""
         if logprobs and not self.logprobs_capable:
             raise BackendError("logprobs need the model loaded with logprobs_capable=True")
         kwargs = {_SAMPLING_MAP[k]: v for k, v in (sampling or {}).items() if k in _SAMPLING_MAP and v is not None}
         kwargs.setdefault("max_tokens", None)  # llama-cpp-python's default is 16 (!)
-        return self._run(messages, tools, kwargs, logprobs, top_logprobs, cancel)
+        constraint = constraint or Constraint()
+        grammar = None
+        try:
+            if constraint.response_format is not None:
+                tools = None
+                grammar = gbnf_json(format_schema(constraint.response_format))
+            elif tools and constraint.forces_call:
+                grammar = gbnf_call(call_schema(tools, constraint.forced_name))
+        except ValueError as exc:
+            raise BackendError(str(exc), 400) from exc
+        if grammar is not None:
+            from llama_cpp import LlamaGrammar
+
+            kwargs["grammar"] = LlamaGrammar.from_string(grammar, verbose=False)
+        return self._run(messages, tools, kwargs, logprobs, top_logprobs, cancel, enable_thinking)
 
     def _run(
         self,
@@ -195,10 +223,12 @@ class LlamaInProcess:
         logprobs: bool,
         top_logprobs: int,
         cancel: CancelCheck | None,
+        enable_thinking: bool | None = None,
     ) -> Iterator[Event]:
         with self._lock:
             llm = self._model()
-            prompt = self.render_prompt(messages, tools)
+            prompt = self.render_prompt(messages, tools, enable_thinking)
+            thinker = ThinkSplitter(prompt.rstrip().endswith(THINK_OPEN))
             n_prompt = len(self.tokenize(prompt, add_special=True))
             if n_prompt >= self.context_length:
                 raise ContextLengthExceeded(f"prompt has {n_prompt} tokens, context is {self.context_length}")
@@ -207,6 +237,12 @@ class LlamaInProcess:
                 names = [t.get("function", t).get("name") for t in tools]
                 parser = ToolCallStreamParser(names)
                 kwargs["stop"] = [*list(kwargs.get("stop") or []), STOP_MARKERS[0]]
+                if logprobs:
+                    kwargs["logprobs"] = max(1, top_logprobs)
+                stream = llm.create_completion(prompt, stream=True, **kwargs)
+                get_lp = _completion_logprobs
+            elif enable_thinking is not None:
+                # the prompt rendered here: llama-cpp-python's chat handler passes no template kwargs
                 if logprobs:
                     kwargs["logprobs"] = max(1, top_logprobs)
                 stream = llm.create_completion(prompt, stream=True, **kwargs)
@@ -234,6 +270,12 @@ class LlamaInProcess:
                         n_out += len(lps) if lps else 1
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]
+                    if text:
+                        pieces = thinker.feed(text)
+                        text = "".join(t for r, t in pieces if not r)
+                        for r, t in pieces:
+                            if r:
+                                yield ReasoningDelta(t)
                     if not text:
                         continue
                     if parser is None:
@@ -248,8 +290,16 @@ class LlamaInProcess:
                             calls += 1
                             pending = []  # those tokens were the call's, not prose
                             yield item
+                tail = ""
+                for r, t in thinker.finish():
+                    if r:
+                        yield ReasoningDelta(t)
+                    else:
+                        tail += t
+                if tail and parser is None:
+                    yield TextDelta(tail, None)
                 if parser is not None:
-                    for item in parser.finish():
+                    for item in parser.feed(tail) + parser.finish():
                         if isinstance(item, str):
                             yield TextDelta(item, tuple(pending) if logprobs else None)
                             pending = []

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .abortable import AbortableStream, CancelWatcher
+from .constraints import LARK_NO_MARKUP_START, Constraint, call_schema, format_schema, lark_call, lark_json
 from .events import (
     BackendError,
     CancelCheck,
@@ -39,11 +40,14 @@ from .events import (
     Event,
     Finish,
     FinishReason,
+    ReasoningDelta,
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
 )
+from .reasoning import OPEN as THINK_OPEN
+from .reasoning import ThinkSplitter
 from .templates import (
     chatml_tools_template,
     default_system_prompt,
@@ -283,10 +287,17 @@ class LlamaServer:
             for t in self._post("/tokenize", {"content": text, "add_special": add_special})["tokens"]
         ]
 
-    def apply_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def apply_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> str:
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         return self._post("/apply-template", body)["prompt"]
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
@@ -331,14 +342,21 @@ class LlamaServer:
         logprobs: bool = False,
         top_logprobs: int = 0,
         cancel: CancelCheck | None = None,
+        constraint: Constraint | None = None,
+        enable_thinking: bool | None = None,
     ) -> Iterator[Event]:
-        """Stream one chat completion as TextDelta / ToolCallDelta events and a final Finish.
+        """Stream one chat completion as TextDelta / ReasoningDelta / ToolCallDelta events and a Finish.
 
-        Raises ContextLengthExceeded / BackendError (before or during the stream). When
+        ``constraint`` forces a call of an offered tool or a JSON answer (a grammar, see
+        :mod:`.constraints`; a JSON format drops the tools); ``enable_thinking`` reaches the chat
+        template. Raises ContextLengthExceeded / BackendError (before or during the stream). When
         ``cancel()`` returns True the stream is closed and the iterator ends without a Finish.
         """
         if self.embedding:
             raise BackendError("this server is in embedding mode")
+        constraint = constraint or Constraint()
+        if constraint.response_format is not None:
+            tools = None
         body: dict[str, Any] = {k: v for k, v in (sampling or {}).items() if k in SAMPLING_KEYS and v is not None}
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
@@ -346,20 +364,38 @@ class LlamaServer:
             body["logprobs"] = True
             body["top_logprobs"] = max(1, top_logprobs)  # llama.cpp needs >= 1 to send any
         tool_names = [t.get("function", t).get("name") for t in tools] if tools else None
-        if tools and self.tool_mode == "prompt":
-            body["prompt"] = self.apply_template(messages, tools)
-            if logprobs:
-                body["logprobs"] = max(1, top_logprobs)
-                body.pop("top_logprobs", None)
-            body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
-            path = "/v1/completions"
-        else:
-            body["messages"] = messages
-            if tools:
-                body["tools"] = tools
-            path = "/v1/chat/completions"
+        forced = constraint.forced_name
+        started_inside = False
+        try:
+            if tools and self.tool_mode == "prompt":
+                body["prompt"] = self.apply_template(messages, tools, enable_thinking)
+                started_inside = body["prompt"].rstrip().endswith(THINK_OPEN)
+                if logprobs:
+                    body["logprobs"] = max(1, top_logprobs)
+                    body.pop("top_logprobs", None)
+                body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
+                if constraint.forces_call:
+                    body["grammar"] = lark_call(call_schema(tools, forced))
+                elif messages and messages[-1].get("role") == "tool":
+                    body["grammar"] = LARK_NO_MARKUP_START
+                path = "/v1/completions"
+            else:
+                body["messages"] = messages
+                if tools:
+                    body["tools"] = tools
+                    if constraint.forces_call:
+                        call_schema(tools, forced)  # raises for a name that is not offered
+                        body["tools"] = [t for t in tools if forced is None or t.get("function", t)["name"] == forced]
+                        body["tool_choice"] = "required"
+                if constraint.response_format is not None:
+                    body["grammar"] = lark_json(format_schema(constraint.response_format))
+                if enable_thinking is not None:
+                    body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+                path = "/v1/chat/completions"
+        except ValueError as exc:
+            raise BackendError(str(exc), 400) from exc
         parser = ToolCallStreamParser(tool_names) if tools else None
-        return self._stream(path, body, parser, logprobs, top_logprobs > 0, cancel)
+        return self._stream(path, body, parser, logprobs, top_logprobs > 0, cancel, ThinkSplitter(started_inside))
 
     def _stream(
         self,
@@ -369,6 +405,7 @@ class LlamaServer:
         want_logprobs: bool,
         keep_top: bool,
         cancel: CancelCheck | None,
+        thinker: ThinkSplitter | None = None,
     ) -> Iterator[Event]:
         self._client()  # raises if the server is not running
         finish_reason: str | None = None
@@ -440,6 +477,14 @@ class LlamaServer:
                     if text is None:
                         text = delta.get("content")
                     lps = _logprobs_from(choice, keep_top) if want_logprobs else None
+                    if delta.get("reasoning_content"):
+                        yield ReasoningDelta(delta["reasoning_content"])
+                    if text and thinker is not None:
+                        pieces = thinker.feed(text)
+                        text = "".join(t for r, t in pieces if not r)
+                        for r, t in pieces:
+                            if r:
+                                yield ReasoningDelta(t)
                     for tc in delta.get("tool_calls") or ():
                         slot = native_calls.setdefault(int(tc.get("index", 0)), {"id": "", "name": "", "arguments": ""})
                         fn = tc.get("function") or {}
@@ -459,6 +504,14 @@ class LlamaServer:
             if key is not None:
                 self._watcher.remove(key)
             stream.close()
+        if thinker is not None:
+            for r, t in thinker.finish():
+                if r:
+                    yield ReasoningDelta(t)
+                elif parser is None:
+                    yield TextDelta(t, None)
+                else:
+                    yield from emit(parser.feed(t))
         if parser is not None:
             yield from emit(parser.finish())
         for _, call in sorted(native_calls.items()):
