@@ -66,38 +66,18 @@ def card_from_config_json(folder: Path, model_id: str) -> ModelCard:
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
     """Scalar metadata of a GGUF file (arrays such as the vocabulary are skipped)."""
-    from gguf import GGUFReader  # heavy (numpy): imported only when a GGUF is added
+    from .gguf_header import NotGGUF, read_file_metadata
 
-    reader = GGUFReader(str(path))
-    meta: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if not field.types or len(field.data) != 1:
-            continue
-        value = field.parts[field.data[0]]
-        if field.types[0].name == "STRING":
-            meta[name] = bytes(value).decode("utf-8", errors="replace")
-        elif len(value) == 1:
-            meta[name] = value[0].item()
-    return meta
-
-
-def _file_type_name(file_type: Any) -> str:
-    """llama.cpp's numeric file type as the name operators know (3 -> "Q4_1")."""
-    if file_type is None:
-        return ""
     try:
-        from gguf import LlamaFileType
-
-        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
-    except (ImportError, ValueError):
-        return str(file_type)
+        return read_file_metadata(path)
+    except (NotGGUF, ValueError) as exc:
+        raise CardError(f"{path}: not a readable GGUF file ({exc})") from None
 
 
-def card_from_gguf(path: Path, model_id: str) -> ModelCard:
-    meta = gguf_metadata(path)
+def card_from_gguf_metadata(meta: dict[str, Any], model_id: str, size: int, file_name: str) -> ModelCard:
     arch = meta.get("general.architecture")
     if not arch:
-        raise CardError(f"{path}: GGUF header has no general.architecture")
+        raise CardError(f"{file_name}: GGUF header has no general.architecture")
 
     def arch_key(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
@@ -113,11 +93,27 @@ def card_from_gguf(path: Path, model_id: str) -> ModelCard:
         family=arch,
         quantization=_file_type_name(meta.get("general.file_type")),
         context_length=arch_key("context_length", 2048),
-        storage_size=path.stat().st_size,
-        gguf_file=path.name,
+        storage_size=size,
+        gguf_file=file_name,
         tasks=("TextEmbedding",) if is_embedding else ("TextGeneration",),
         embedding_dimensions=hidden if is_embedding else None,
         compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
         backend_preference=("llama_server-cpu", "llama_cpp-cpu"),
         sections={"runtime": {"head_dim": hidden // max(1, heads)}},
     )
+
+
+def _file_type_name(file_type: Any) -> str:
+    """llama.cpp's numeric file type as the name operators know (3 -> "Q4_1")."""
+    if file_type is None:
+        return ""
+    try:
+        from gguf import LlamaFileType
+
+        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+    except (ImportError, ValueError):
+        return str(file_type)
+
+
+def card_from_gguf(path: Path, model_id: str) -> ModelCard:
+    return card_from_gguf_metadata(gguf_metadata(path), model_id, path.stat().st_size, path.name)

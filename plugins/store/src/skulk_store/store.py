@@ -25,10 +25,16 @@ from typing import Any
 from skulk_kernel.api import ModelCard
 
 from .cards import card_from_config_json, card_from_gguf, card_from_toml
+from .downloads import Downloads
+from .progress import ProgressReporter
 
 log = logging.getLogger("skulk.store")
 SIDECAR = Path(".skulk") / "installed-card.json"
 Progress = Callable[..., None]
+
+
+class PathOutsideModelDirs(ValueError):
+    """`/models/add` named a path outside the configured model directories."""
 
 
 def default_models_dir(configured: str | None = None) -> Path:
@@ -65,12 +71,24 @@ def bundled_cards() -> dict[str, ModelCard]:
 class LocalModelStore:
     name = "local"
 
-    def __init__(self, models_dir: Path, offline: bool = False) -> None:
+    def __init__(self, models_dir: Path, offline: bool = False, model_dirs: tuple[Path, ...] = ()) -> None:
         self.models_dir = models_dir
         self.offline = offline
+        #: every directory an operator may add models from by path (the models directory first)
+        self.model_dirs = (models_dir, *model_dirs)
         self._bundled = bundled_cards()
         self._locks: dict[str, threading.Lock] = {}
         self._installed_cache: tuple[float, dict[str, tuple[ModelCard, Path]]] | None = None
+        #: the node's whole catalog (custom cards in State included); set when the node starts
+        self.card_lookup: Callable[[str], ModelCard | None] = lambda _model_id: None
+        #: publishes a DownloadProgress reading (done, total, phase) for a model
+        self.emit_progress: Callable[[str, int, int, str], None] = lambda *_a: None
+        self.downloads = Downloads(models_dir / ".downloads", self._reporter)
+        #: fetchers tried before the hub, in order (peer copies); each returns a complete folder or None
+        self.fetchers: list[Callable[[ModelCard, Path, Progress], Path | None]] = []
+
+    def _reporter(self, model_id: str, total: dict[str, int], verb: str = "downloading") -> ProgressReporter:
+        return ProgressReporter(model_id, total, lambda d, t, p: self.emit_progress(model_id, d, t, p), verb)
 
     # ------------------------------------------------------------------ catalog
 
@@ -108,10 +126,15 @@ class LocalModelStore:
 
     # ------------------------------------------------------------------ install
 
-    def install(self, card: ModelCard, files_dir: Path, main_file: str) -> Path:
-        """Write the sidecar (manifest of every file) last, atomically: the folder is now complete."""
+    def install(self, card: ModelCard, files_dir: Path, main_file: str, known: dict[str, str] | None = None) -> Path:
+        """Write the sidecar (manifest of every file) last, atomically: the folder is now complete.
+
+        `known` holds digests already verified (a download checked against the hub's SHA-256), so
+        a large file is not hashed twice.
+        """
+        known = known or {}
         manifest = {
-            str(p.relative_to(files_dir)): sha256_file(p)
+            str(p.relative_to(files_dir)): known.get(str(p.relative_to(files_dir))) or sha256_file(p)
             for p in sorted(files_dir.rglob("*"))
             if p.is_file() and ".skulk" not in p.parts
         }
@@ -122,6 +145,18 @@ class LocalModelStore:
         os.replace(tmp, sidecar)
         self._installed_cache = None
         return files_dir / main_file
+
+    def manifest(self, model_id: str) -> dict[str, str]:
+        """file (relative to the model's folder) -> SHA-256, from the sidecar; empty when absent."""
+        if model_id not in self.installed():
+            return {}
+        try:
+            return dict(json.loads((self.folder(model_id) / SIDECAR).read_text())["manifest"])
+        except (OSError, ValueError, KeyError):
+            return {}
+
+    def folder(self, model_id: str) -> Path:
+        return self.models_dir / folder_name(model_id)
 
     def verify(self, model_id: str) -> list[str]:
         """Files whose SHA-256 no longer matches the manifest (empty: intact)."""
@@ -140,13 +175,45 @@ class LocalModelStore:
         """The model's main file, provisioning it first from its card's [source] if needed."""
         if (path := self.local_path(model_id)) is not None:
             return path
-        card = self._bundled.get(model_id)
+        card = self._bundled.get(model_id) or self.card_lookup(model_id)
         if card is None or "source" not in card.sections:
             return None
         with self._locks.setdefault(model_id, threading.Lock()):
             if (path := self.local_path(model_id)) is not None:
                 return path
+            if card.sections["source"].get("kind") == "hub":
+                return self._fetch(card, progress)
             return self._provision(card, card.sections["source"], progress or (lambda *a, **k: None))
+
+    def _fetch(self, card: ModelCard, progress: Progress | None) -> Path:
+        """A hub-sourced model: from the members that hold it if any, else from the hub (once)."""
+        name = folder_name(card.model_id)
+        staging = self.downloads.folder(name)
+        folder: Path | None = None
+        for fetcher in self.fetchers:
+            folder = fetcher(card, staging, progress or (lambda *a, **k: None))
+            if folder is not None:
+                break
+        if folder is None:
+            if self.offline:
+                raise RuntimeError(
+                    f"{card.model_id} is not on this node or on any member, and the node is offline "
+                    "(--offline): copy it from a member or start the node online once"
+                )
+            folder = self.downloads.fetch(card, name, progress)
+        return self.adopt(card, folder)
+
+    def adopt(self, card: ModelCard, folder: Path) -> Path:
+        """Move a complete, verified staging folder into the models directory and install it."""
+        source = card.sections.get("source", {})
+        target = self.models_dir / folder_name(card.model_id)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(folder, target)
+        known = {name: str(meta.get("sha256", "")) for name, meta in dict(source.get("files", {})).items()}
+        path = self.install(card, target, str(source.get("main_file", "")), {k: v for k, v in known.items() if v})
+        log.info("installed %s into %s", card.model_id, target)
+        return path
 
     def _provision(self, card: ModelCard, source: dict[str, Any], progress: Progress) -> Path:
         """Run the card's provisioner into a staging folder, then move it into place atomically.
@@ -192,6 +259,12 @@ class LocalModelStore:
     def add_local(self, path: Path, model_id: str | None = None) -> ModelCard:
         """A card for a local GGUF file or Hugging Face folder (files stay where they are)."""
         path = path.expanduser().resolve()
+        roots = [d.expanduser().resolve() for d in self.model_dirs]
+        if not any(path.is_relative_to(root) for root in roots):
+            raise PathOutsideModelDirs(
+                f"{path} is outside the model directories {[str(r) for r in roots]}; move it there or add its "
+                "directory to [plugins.store] model_dirs"
+            )
         if path.is_file() and path.suffix == ".gguf":
             card = card_from_gguf(path, model_id or path.stem)
         elif path.is_dir() and (path / "config.json").is_file():
