@@ -11,6 +11,8 @@ from typing import Any
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
+from .security_hooks import register_cli_commands, register_config, wrap_inference  # noqa: F401
+
 
 @hookimpl
 def register_api_routes(app: Any, node: NodeSurface) -> None:

@@ -18,6 +18,8 @@ from fastapi.responses import JSONResponse
 from skulk_kernel.api import NodeSurface
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .auth import install_auth
+
 log = logging.getLogger("skulk.api")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 NO_RETRY = {"x-should-retry": "false"}
@@ -74,6 +76,7 @@ def build_app(node: NodeSurface) -> FastAPI:
         )
 
     node.hooks.call("register_api_routes", app=app, node=node)
+    install_auth(app, node)  # API keys, scopes, quotas and HTTP hardening: one ASGI gate, outermost
     return app
 
 
