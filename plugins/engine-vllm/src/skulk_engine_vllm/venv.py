@@ -37,6 +37,8 @@ CUDA_VLLM = "vllm==0.33.0"
 #: Packages whose CPU-index builds break ``import transformers`` beside torch 2.13.0+cpu.
 CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 MARKER = ".skulk-vllm-ready.json"
+#: What the GGUF -> safetensors conversion needs beyond vLLM's own dependencies.
+CONVERT_EXTRAS = ("gguf",)
 
 
 class VenvError(RuntimeError):
@@ -107,13 +109,24 @@ def ensure_vllm_venv(flavor: Flavor, progress: Progress = _quiet, timeout_s: flo
         return _create(root, flavor, progress, timeout_s)
 
 
+def _usable_python(python: Path) -> bool:
+    try:
+        return subprocess.run([str(python), "-c", "import pip"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _create(root: Path, flavor: Flavor, progress: Progress, timeout_s: float) -> Path:
-    if root.exists():
-        progress(f"removing the incomplete venv at {root}")
-        shutil.rmtree(root)
-    progress(f"creating {root}")
-    _run([sys.executable, "-m", "venv", str(root)], 300, "python -m venv")
+    """Every step is an idempotent pip call, so an interrupted install resumes where it stopped."""
     python = root / "bin" / "python"
+    if root.exists() and not _usable_python(python):
+        progress(f"removing the broken venv at {root}")
+        shutil.rmtree(root)
+    if not root.exists():
+        progress(f"creating {root}")
+        _run([sys.executable, "-m", "venv", str(root)], 300, "python -m venv")
+    else:
+        progress(f"resuming the incomplete venv at {root}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q"]
     if flavor == "cpu":
         progress(f"pip install {CPU_TORCH} (the CPU wheel; keeps pip from pulling CUDA)")
@@ -129,6 +142,9 @@ def _create(root: Path, flavor: Flavor, progress: Progress, timeout_s: float) ->
     else:
         progress(f"pip install {CUDA_VLLM} (brings its CUDA torch)")
         _run([*pip, CUDA_VLLM], timeout_s, f"pip install {CUDA_VLLM}")
+    progress("pip install " + " ".join(CONVERT_EXTRAS) + " (GGUF -> safetensors conversion)")
+    pins = [CPU_TORCH] if flavor == "cpu" else []
+    _run([*pip, *pins, *CONVERT_EXTRAS], timeout_s, "pip install gguf")
     progress("checking that vllm, transformers and gguf import")
     out = _run(
         [
