@@ -27,7 +27,7 @@ from skulk_api_control.adapter_routes import (
     answer,
     canonical_model,
     cards,
-    listed_model_ids,
+    listed_models,
     read_json,
     stream_body,
 )
@@ -188,8 +188,8 @@ def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float 
         created = rfc3339(0)  # release dates are unknown: the epoch, as Anthropic's spec allows
         known = cards(node)
         entries = []
-        for model_id in listed_model_ids(node, known):
-            card = known.get(model_id)
+        for model_id, canonical_id in listed_models(node, known):
+            card = known.get(canonical_id)
             if card is not None and "TextGeneration" not in card.tasks:
                 continue  # /v1/messages cannot use embedding models
             entries.append(

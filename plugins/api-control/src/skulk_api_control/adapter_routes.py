@@ -42,6 +42,7 @@ __all__ = [
     "canonical_model",
     "cards",
     "listed_model_ids",
+    "listed_models",
     "read_json",
     "stream_body",
 ]
@@ -165,11 +166,29 @@ def canonical_model(node: NodeSurface, ref: str) -> str:
     return card.model_id if card is not None else ref
 
 
-def listed_model_ids(node: NodeSurface, known: Mapping[str, Any]) -> list[str]:
-    """Models with a running instance first (in placement order), then the rest of `known`, sorted."""
+def listed_models(node: NodeSurface, known: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every name the API accepts for a model, as `(name, model id)`: models with a running instance
+    first (in placement order), then the rest of `known`, sorted; then the short names (the id after
+    its last `/`, e.g. `SmolLM2-135M-Instruct`, which the README tells users to send) that resolve to
+    exactly that model, so a client that checks the list before calling finds the name it will use."""
     ids: list[str] = []
     for inst in list(node.state.instances.values()):
         model_id = inst.shard_assignments.model_id
         if model_id not in ids:
             ids.append(model_id)
-    return ids + sorted(m for m in known if m not in ids)
+    ids += sorted(m for m in known if m not in ids)
+    names = [(m, m) for m in ids]
+    lowered = {m.lower() for m in ids}
+    for model_id in ids:
+        short = model_id.rsplit("/", 1)[-1]
+        if short == model_id or short.lower() in lowered:
+            continue
+        if canonical_model(node, short) == model_id:
+            names.append((short, model_id))
+            lowered.add(short.lower())
+    return names
+
+
+def listed_model_ids(node: NodeSurface, known: Mapping[str, Any]) -> list[str]:
+    """The names of `listed_models`."""
+    return [name for name, _ in listed_models(node, known)]

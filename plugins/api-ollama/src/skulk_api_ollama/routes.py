@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from skulk_api_control.adapter_routes import ErrorAnswers, answer, cards, listed_model_ids, read_json, stream_body
+from skulk_api_control.adapter_routes import ErrorAnswers, answer, cards, listed_models, read_json, stream_body
 from skulk_api_control.dispatch import (
     InferenceError,
     InferenceHandle,
@@ -277,8 +277,9 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
 
     # --- models ----------------------------------------------------------------------------------
 
-    def tag_entry(model_id: str, card: ModelCard | None) -> dict[str, Any]:
+    def tag_entry(model_id: str, card: ModelCard | None, canonical_id: str | None = None) -> dict[str, Any]:
         name = display_name(model_id)
+        model_id = canonical_id or model_id  # a short name has the digest of the model it names
         return {
             "name": name,
             "model": name,
@@ -292,7 +293,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
     async def get_tags() -> dict[str, Any]:
         """Every model this cluster knows: those with an instance first, then the catalog."""
         known = cards(node)
-        return {"models": [tag_entry(m, known.get(m)) for m in listed_model_ids(node, known)]}
+        return {"models": [tag_entry(name, known.get(m), m) for name, m in listed_models(node, known)]}
 
     @route("GET", "/ps")
     async def get_ps() -> dict[str, Any]:

@@ -180,8 +180,10 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
 
     @app.get("/v1/models/{model_id:path}", tags=["openai"])
     async def get_model(model_id: str) -> Response:
-        for entry in model_entries():
-            if entry["id"] == model_id or entry["id"] == canonical(model_id):
+        entries = model_entries()
+        wanted = canonical(model_id)
+        for entry in sorted(entries, key=lambda e: e["id"] != model_id):  # the exact name first
+            if entry["id"] in (model_id, wanted):
                 return JSONResponse(entry)
         return openai_error(
             404, f"model {model_id!r} is not known to this cluster", param="model", code="model_not_found"

@@ -7,6 +7,8 @@ and every API adapter can be tested fast and exactly. Special prompts exercise f
 * ``/tool NAME {json}``   -> one tool call to NAME with those arguments
 * ``/crash``              -> the runner process exits at once (supervisor tests)
 * ``/slow``               -> 50 ms between tokens (cancellation tests)
+* ``/hang``               -> never answers and ignores cancellation: a wedged engine (flight
+  recorder tests); the runner stays stuck until its worker stops it
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ class EchoSession:
         n_prompt = prompt_tokens(params)
         if last.strip() == "/crash":
             os._exit(17)
+        if last.strip() == "/hang":
+            while True:  # wedged on purpose: no chunk, no cancellation check
+                time.sleep(3600)
         delay = 0.05 if last.startswith("/slow") else self.token_delay_s
         if last.startswith("/tool ") and params.tools:
             name, _, args = last.removeprefix("/tool ").partition(" ")
@@ -124,10 +129,18 @@ class EchoSession:
                 usage=Usage(prompt_tokens=n_prompt, completion_tokens=1),
             )
             return
+        seq = 0
+        if last.startswith("/think "):
+            thought, _, last = last.removeprefix("/think ").partition(" | ")
+            if params.enable_thinking is not False:
+                for token in tokenize(thought):
+                    if delay:
+                        time.sleep(delay)
+                    yield TokenChunk(command_id=command_id, seq=seq, text=token, reasoning=True)
+                    seq += 1
         tokens = tokenize(last) or ["(empty)"]
         limit = params.sampling.max_tokens or len(tokens)
         text_so_far = ""
-        seq = 0
         for i, token in enumerate(tokens[:limit]):
             if cancelled():
                 yield self._final(command_id, seq, "cancelled", n_prompt, i, started)
