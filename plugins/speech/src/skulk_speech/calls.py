@@ -1,0 +1,109 @@
+"""The API side of one speech request: send the command, ship the upload, await the first chunk.
+
+Mirrors api-control's `dispatch.generate` (the stream is opened before the command is sent; early
+errors become HTTP statuses; the handle is api-control's own `InferenceHandle`, so closing,
+cancelling and FinishTask work exactly as for text) and adds the one thing speech needs: a
+transcription's audio follows its command on the data plane (`uploads.send_when_running`).
+Middleware (`wrap_inference`) is written against text requests and is not applied to speech.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, resolve_model_id
+from skulk_kernel.api import (
+    CancelTask,
+    CommandId,
+    ErrorChunk,
+    NodeSurface,
+    SpeechParams,
+    SpeechSynthesis,
+    Transcription,
+    new_id,
+)
+
+from .uploads import send_when_running
+
+FIRST_CHUNK_TIMEOUT_S = 600.0
+log = logging.getLogger("skulk.speech")
+
+# error codes that arrive as the first chunk but belong before the response: code -> HTTP status
+EARLY_ERRORS = {
+    "invalid_request": 400,
+    "unknown_voice": 400,
+    "empty_input": 400,
+    "invalid_audio": 400,
+    "unsupported_task": 400,
+    "model_not_placed": 404,
+    "instance_not_ready": 503,
+    "instance_gone": 503,
+    "master_changed": 503,
+    "node_gone": 503,
+    "runner_crashed": 503,
+    "upload_failed": 502,
+}
+
+
+async def _start(node: NodeSurface, command: SpeechSynthesis | Transcription, upload: bytes | None) -> InferenceHandle:
+    stream = node.streams.open(command.command_id)
+    iterator = stream.__aiter__()
+    sender: asyncio.Task[None] | None = None
+    try:
+        await node.submit(command)
+        if upload is not None:
+            sender = asyncio.ensure_future(send_when_running(node, command.command_id, upload, FIRST_CHUNK_TIMEOUT_S))
+        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
+    except (TimeoutError, StopAsyncIteration):
+        node.streams.close(command.command_id)
+        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        raise InferenceError(504, "the speech model produced no output in time", error_type="timeout") from None
+    except BaseException:
+        node.streams.close(command.command_id)
+        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        raise
+    finally:
+        if sender is not None and not sender.done():
+            sender.cancel()
+    handle = InferenceHandle(node, command.command_id, iterator, first, command=command)
+    if isinstance(first, ErrorChunk) and first.code in EARLY_ERRORS:
+        handle.finished = True
+        await handle.close()
+        status = EARLY_ERRORS[first.code]
+        raise InferenceError(
+            status,
+            first.message,
+            code=first.code,
+            error_type="invalid_request_error" if status < 500 else "server_error",
+        )
+    return handle
+
+
+async def synthesize(node: NodeSurface, params: SpeechParams) -> InferenceHandle:
+    model_id = resolve_model_id(node, params.model_id, task="SpeechSynthesis")
+    command = SpeechSynthesis(
+        command_id=CommandId(new_id()),
+        owner_node_id=node.node_id,
+        params=params.model_copy(update={"model_id": model_id}),
+    )
+    return await _start(node, command, None)
+
+
+async def transcribe(node: NodeSurface, params: SpeechParams, audio: bytes) -> InferenceHandle:
+    """Send a Transcription whose command names the audio by digest and size; the bytes follow."""
+    model_id = resolve_model_id(node, params.model_id, task="Transcription")
+    params = params.model_copy(
+        update={"model_id": model_id, "audio_sha256": hashlib.sha256(audio).hexdigest(), "audio_bytes": len(audio)}
+    )
+    command = Transcription(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+    return await _start(node, command, audio)
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """An exception as an OpenAI-style error object (for SSE and WebSocket error events)."""
+    if isinstance(exc, InferenceError):
+        return {"message": exc.message, "type": exc.error_type, "code": exc.code, "param": exc.param}
+    return {"message": f"internal error: {type(exc).__name__}", "type": "server_error", "code": None, "param": None}

@@ -1,0 +1,95 @@
+"""Entry point of the speech plugin: hookimpls only, light imports (the engines load in runners)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import IndexedEvent, ModelCard, NodeSurface, State
+
+from .config import PLUGIN, SpeechConfig
+
+
+def _config(node: NodeSurface | None) -> SpeechConfig:
+    return (node.plugin_config(PLUGIN) if node is not None else None) or SpeechConfig()
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, SpeechConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Any], None]) -> None:
+    from .engines import engines
+
+    for engine in engines():
+        register(engine)
+
+
+@hookimpl
+def register_model_stores(register: Callable[[Any], None]) -> None:
+    from .cards import SpeechModelStore
+
+    register(SpeechModelStore())
+
+
+@hookimpl
+def resolve_model(ref: str, catalog: dict[str, ModelCard]) -> ModelCard | None:
+    """OpenAI's speech model names (tts-1, whisper-1, ...) resolve to the speech models here."""
+    from .cards import ALIASES
+
+    target = ALIASES.get(ref)
+    return catalog.get(target) if target else None
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    from .engines import engines
+
+    builds = facts.setdefault("engine_builds", {})
+    for engine in engines():
+        probe = engine.probe()
+        if probe.available:
+            builds[engine.name] = probe.version
+
+
+@hookimpl
+def register_api_routes(app: Any, node: NodeSurface) -> None:
+    from .realtime import add_realtime_route
+    from .routes import add_speech_routes
+
+    add_speech_routes(app, node, _config(node))
+    add_realtime_route(app, node, _config(node))
+
+
+@hookimpl
+def startup(node: NodeSurface) -> None:
+    from .uploads import UploadReceiver
+
+    config = _config(node)
+    node.extensions[PLUGIN] = UploadReceiver(node, config.max_upload_bytes, config.upload_timeout_s)
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
+    receiver = node.extensions.get(PLUGIN)
+    if receiver is None:
+        return
+    kind = type(event.event).__name__
+    if kind == "TaskCreated":
+        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
+    elif kind == "TaskDeleted":
+        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
+    elif kind == "InstanceDeleted":
+        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+
+
+@hookimpl
+def shutdown(node: NodeSurface) -> None:
+    receiver = node.extensions.pop(PLUGIN, None)
+    if receiver is not None:
+        for task in list(receiver.receiving.values()):
+            task.cancel()
