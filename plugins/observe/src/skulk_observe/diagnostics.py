@@ -18,6 +18,7 @@ from .cluster import FanOut, friendly_names, members, mismatches, remote_summary
 from .envelopes import EnvelopeBook
 from .spans import Span, merge
 
+
 @lru_cache(maxsize=8)
 def _installed() -> dict[str, tuple[str, str]]:
     from skulk_kernel.api import installed_plugins

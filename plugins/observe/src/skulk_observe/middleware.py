@@ -15,8 +15,10 @@ from skulk_kernel.api import (
     Chunk,
     Command,
     ErrorChunk,
+    InstanceId,
     NodeSurface,
     NodeSystem,
+    TaskId,
     TextEmbedding,
     TextGeneration,
     is_terminal,
@@ -76,8 +78,8 @@ class ObserveMiddleware:
     def _first(self, observer: Any, entry: dict[str, Any], chunk: Chunk) -> None:
         now = time.time_ns()
         entry["first_ns"] = now
-        task = self.node.state.tasks.get(chunk.command_id)  # type: ignore[call-overload]
-        if task is not None:
+        task = self.node.state.tasks.get(TaskId(chunk.command_id))
+        if task is not None and "instance" not in entry:
             entry["instance"] = task.instance_id
             entry["concurrency"] = sum(1 for t in self.node.state.tasks.values() if t.instance_id == task.instance_id)
         if entry["traced"]:
@@ -115,9 +117,12 @@ class ObserveMiddleware:
 
     def _envelope(self, observer: Any, entry: dict[str, Any], chunk: Chunk, now: int, ttft_ms: float) -> None:
         stats = getattr(chunk, "stats", None)
-        inst = self.node.state.instances.get(entry.get("instance", ""))  # type: ignore[call-overload]
-        if inst is None:
-            return
+        inst = self.node.state.instances.get(InstanceId(entry.get("instance", "")))
+        if inst is None:  # TaskCreated not applied here yet: the model's only instance, if one
+            same = [i for i in self.node.state.instances.values() if i.shard_assignments.model_id == entry["model"]]
+            if len(same) != 1:
+                return
+            inst = same[0]
         model_id = inst.shard_assignments.model_id
         shards = list(inst.shard_assignments.runner_to_shard.values())
         engine = (stats.backend if stats and stats.backend else "") or (shards[0].backend if shards else "unknown")

@@ -111,6 +111,12 @@ def on_event_applied(node: NodeSurface, event: Any, before: Any, after: Any) -> 
         apply_effects(node, observer)
         observer.note("config", f"{inner.key} {'deleted' if inner.value is None else 'set'}", idx=event.idx)
         return
+    if kind == "TaskCreated" and inner.task.owner_node_id == node.node_id:
+        # the API node learns which instance serves its request (for the envelope), chunks or not
+        entry = observer.requests.get(inner.task.command_id)
+        if entry is not None:
+            entry["instance"] = inner.task.instance_id
+            entry["concurrency"] = sum(1 for t in after.tasks.values() if t.instance_id == inner.task.instance_id)
     if not (node.is_master and after.tracing_enabled):
         return
     at_ns = int(event.at.timestamp() * 1e9)
