@@ -264,8 +264,17 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         return {"enabled": body["enabled"]}
 
     @app.get("/v1/diagnostics/cluster")
-    async def cluster_diagnostics() -> dict[str, Any]:
-        """The cluster as this node sees it: members, liveness, health, placements, edges."""
+    async def cluster_diagnostics(request: Request) -> dict[str, Any]:
+        """The cluster as this node sees it, plus (with the observe plugin) every node's own report
+        (versions, view of the master, state hash) with the mismatches called out."""
+        local = _local_cluster_view()
+        try:
+            from skulk_observe.diagnostics import cluster_view
+        except ImportError:  # observability is optional
+            return local
+        return await cluster_view(node, local, dict(request.headers))
+
+    def _local_cluster_view() -> dict[str, Any]:
         view = state_view(node)
         members = sorted(set(node.state.topology.nodes) | node.readings.nodes())
         nodes = []
@@ -315,4 +324,14 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             },
             "healthNotes": node.health_notes,
             "lastEventAppliedIdx": node.state.last_event_applied_idx,
+            "observe": _observe_section(node),
         }
+
+
+def _observe_section(node: NodeSurface) -> dict[str, Any] | None:
+    """The observe plugin's part of node diagnostics (flight recorder, versions), if it is here."""
+    try:
+        from skulk_observe.diagnostics import node_section
+    except ImportError:
+        return None
+    return node_section(node)

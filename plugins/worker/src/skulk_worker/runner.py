@@ -4,9 +4,14 @@ Started with the `spawn` method (forking after llama.cpp or MLX initialised hang
 loads only the plugin that registered its engine, never the whole profile. Messages are tuples on
 two multiprocessing queues; everything in them is a picklable kernel type.
 
-    worker -> runner: ("task", Task) | ("cancel", task_id) | ("stop",)
+    worker -> runner: ("task", Task, traced) | ("cancel", task_id) | ("stop",)
     runner -> worker: ("status", RunnerStatus) | ("ack", task_id) | ("chunk", task_id, Chunk)
                       | ("done", task_id, TaskStatus) | ("fatal", traceback) | ("broken", reason)
+                      | ("phase", task_id, name, at_ns) | ("span", task_id, name, start_ns, end_ns, attrs)
+
+A task's phases (task_started, prefill, first_token, task_done) always go to the worker, for its
+flight recorder; spans (runner.prefill, one runner.decode_batch per DECODE_BATCH tokens) only when
+the worker sent the task with `traced` true (tracing on). A few small messages per task either way.
 
 A rank of a multi-rank instance runs every task too (collectives need every rank); its worker
 forwards only the output rank's chunks. A task that raises in a multi-rank runner, or ends with an
@@ -45,6 +50,7 @@ from skulk_kernel.api import (
 
 log = logging.getLogger("skulk.runner")
 RANK_FAILED = "rank_failed"  # an engine's ErrorChunk code: a collective failed, the group is unusable
+DECODE_BATCH = 16  # chunks (tokens) per runner.decode_batch span of a traced task
 
 
 def _engine(profile: Profile, engine_name: str) -> Engine:
@@ -77,12 +83,15 @@ class _Serving:
             elif before == 1 and self.active == 0:
                 self.outq.put(("status", RunnerReady()))
 
-    def run_task(self, task: Any) -> None:
+    def _phase(self, task: Any, name: str) -> None:
+        self.outq.put(("phase", task.task_id, name, time.time_ns()))
+
+    def run_task(self, task: Any, traced: bool = False) -> None:
         flag = self.cancelled[task.task_id]
         with self.slots:
             self._busy(+1)
             try:
-                status = self._serve(task, flag)
+                status = self._serve(task, flag, traced)
             except Exception as exc:
                 log.exception("task %s failed", task.task_id)
                 if self.spec.group is not None:  # a failed collective leaves the group unusable
@@ -98,12 +107,14 @@ class _Serving:
             finally:
                 self._busy(-1)
                 self.cancelled.pop(task.task_id, None)
+            self._phase(task, "task_done")
             self.outq.put(("done", task.task_id, status))
 
-    def _serve(self, task: Any, flag: threading.Event) -> str:
+    def _serve(self, task: Any, flag: threading.Event, traced: bool = False) -> str:
         if flag.is_set():
             return "Cancelled"
         self.outq.put(("ack", task.task_id))
+        self._phase(task, "task_started")
         if isinstance(task, TextEmbeddingTask):
             self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
             return "Complete"
@@ -132,13 +143,30 @@ class _Serving:
                 )
             )
             return "Failed"
-        return self._relay(task, self.session.generate(task.command_id, params, flag.is_set))
+        return self._relay(task, self.session.generate(task.command_id, params, flag.is_set), traced, prompt)
 
-    def _relay(self, task: Any, chunks: Any) -> str:
+    def _relay(self, task: Any, chunks: Any, traced: bool = False, prompt: int = 0) -> str:
         """Send a session's chunks to the worker up to the terminal one; the task's final status."""
         status = "Complete"
+        self._phase(task, "prefill")
+        started = batch_start = time.time_ns()
+        produced = batch = batches = 0
         for chunk in chunks:
             self.outq.put(("chunk", task.task_id, chunk))
+            produced += 1
+            if produced == 1:
+                self._phase(task, "first_token")
+                batch_start = time.time_ns()
+                if traced:
+                    attrs = {"prompt_tokens": prompt, "rank": self.spec.shard.device_rank}
+                    self.outq.put(("span", task.task_id, "runner.prefill", started, batch_start, attrs))
+            else:
+                batch += 1
+                if traced and (batch >= DECODE_BATCH or is_terminal(chunk)):
+                    now = time.time_ns()
+                    attrs = {"chunks": batch, "batch": batches, "rank": self.spec.shard.device_rank}
+                    self.outq.put(("span", task.task_id, "runner.decode_batch", batch_start, now, attrs))
+                    batch_start, batch, batches = now, 0, batches + 1
             if is_terminal(chunk):
                 if isinstance(chunk, ErrorChunk):
                     status = "Failed"
@@ -207,8 +235,9 @@ def runner_main(
         kind = message[0]
         if kind == "task":
             serving.cancelled[message[1].task_id] = threading.Event()
+            traced = bool(message[2]) if len(message) > 2 else False
             threading.Thread(
-                target=serving.run_task, args=(message[1],), daemon=True, name=f"task-{message[1].task_id[:8]}"
+                target=serving.run_task, args=(message[1], traced), daemon=True, name=f"task-{message[1].task_id[:8]}"
             ).start()
         elif kind == "cancel":
             flag = serving.cancelled.get(message[1])

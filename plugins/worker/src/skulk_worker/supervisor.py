@@ -34,6 +34,7 @@ from skulk_kernel.api import (
     TaskAcknowledged,
     TaskFailed,
     TaskStatusUpdated,
+    is_terminal,
     new_id,
 )
 
@@ -43,10 +44,24 @@ log = logging.getLogger("skulk.worker")
 _SPAWN = multiprocessing.get_context("spawn")
 
 
+def _optional_observe() -> Any:
+    """The observe plugin's helpers (flight recorder, spans), or None: the worker does not need it."""
+    try:
+        import skulk_observe
+    except ImportError:
+        return None
+    return skulk_observe
+
+
+_OBSERVE = _optional_observe()
+
+
 @dataclass
 class _InFlight:
     task: Any
     next_seq: int = 0
+    traced: bool = False  # tracing was on when the task arrived: spans are recorded for it
+    queued_ns: int = 0
 
 
 @dataclass
@@ -81,6 +96,7 @@ class RunnerSupervisor:
             daemon=True,
         )
         self.process.start()
+        self._phase("spawned")
         log.info(
             "runner %s for %s started (pid %s, engine %s)",
             self.runner_id,
@@ -121,22 +137,71 @@ class RunnerSupervisor:
         """Rank 0 of an instance streams; the other ranks' chunks are the same tokens, dropped here."""
         return self.spec.shard.device_rank == 0
 
+    def _phase(self, phase: str, task_id: str | None = None, detail: str = "") -> None:
+        if _OBSERVE is not None:
+            pid = self.process.pid if self.process is not None else None
+            _OBSERVE.record_phase(
+                self.node,
+                self.runner_id,
+                phase,
+                pid=pid,
+                task_id=task_id,
+                detail=detail,
+                model_id=self.spec.card.model_id,
+            )
+
+    def _span(self, flight: _InFlight, name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
+        if _OBSERVE is not None and flight.traced:
+            parent = None if name == "worker.task" else "worker.task"
+            span_id = "worker.task" if name == "worker.task" else None
+            attributes = {"runner_id": self.runner_id, "rank": self.spec.shard.device_rank, **attrs}
+            _OBSERVE.record_span(
+                self.node,
+                flight.task.command_id,
+                name,
+                start_ns,
+                end_ns,
+                parent=parent,
+                span_id=span_id,
+                attributes=attributes,
+            )
+
     async def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "status":
             status = message[1]
             self.ready = type(status).__name__ in ("RunnerReady", "RunnerRunning")
+            self._phase(type(status).__name__)
             await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=status))
         elif kind == "ack":
+            flight = self.in_flight.get(message[1])
+            if flight is not None:
+                self._span(flight, "worker.runner_queue", flight.queued_ns, time.time_ns())
             if self.output_rank:
                 await self.node.emit(TaskAcknowledged(task_id=message[1]))
         elif kind == "chunk":
             flight = self.in_flight.get(message[1])
             if flight is not None and (self.output_rank or isinstance(message[2], ErrorChunk)):
                 flight.next_seq = message[2].seq + 1
+                hop = flight.traced and (message[2].seq == 0 or is_terminal(message[2]))
+                sent_ns = time.time_ns() if hop else 0
                 await self.node.send_chunk(flight.task.owner_node_id, message[2])
+                if hop:
+                    which = "last" if is_terminal(message[2]) else "first"
+                    to = flight.task.owner_node_id
+                    self._span(
+                        flight, "data_plane.send", sent_ns, time.time_ns(), seq=message[2].seq, which=which, to=to
+                    )
+        elif kind == "phase":
+            self._phase(message[2], task_id=message[1])
+        elif kind == "span":
+            flight = self.in_flight.get(message[1])
+            if flight is not None:
+                self._span(flight, message[2], message[3], message[4], **message[5])
         elif kind == "done":
             flight = self.in_flight.pop(message[1], None)
+            if flight is not None:
+                self._span(flight, "worker.task", flight.queued_ns, time.time_ns(), status=message[2])
             if flight is not None and (self.output_rank or message[2] == "Failed"):
                 await self.node.emit(TaskStatusUpdated(task_id=message[1], status=message[2]))
         elif kind == "broken":
@@ -151,6 +216,7 @@ class RunnerSupervisor:
 
     async def _on_exit(self, process: Any) -> None:
         code = process.exitcode
+        self._phase("exited", detail=f"exit code {code}")
         await self._fail_in_flight(f"the runner process exited unexpectedly (exit code {code})")
         if self.stopping or process is not self.process or self.node.stopping:
             return
@@ -194,8 +260,10 @@ class RunnerSupervisor:
     # ------------------------------------------------------------------ tasks
 
     def submit(self, task: Any) -> None:
-        self.in_flight[task.task_id] = _InFlight(task)
-        self.inq.put(("task", task))
+        traced = _OBSERVE is not None and _OBSERVE.tracing_on(self.node)
+        self.in_flight[task.task_id] = _InFlight(task, traced=traced, queued_ns=time.time_ns())
+        self._phase("task_queued", task_id=task.task_id)
+        self.inq.put(("task", task, traced))
 
     def cancel(self, task_id: str) -> None:
         if task_id in self.in_flight:
