@@ -48,6 +48,11 @@ node_timeout_s = 30
 multicast_scouting = true
 """
 
+LLAMA = """
+[plugins.engine-llamacpp]
+n_threads = 1
+"""
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
@@ -80,6 +85,8 @@ class Nodes:
         self.solo.write_text(SOLO)
         self.member = tmp / "member.toml"
         self.member.write_text(MEMBER)
+        self.llama = tmp / "llama.toml"
+        self.llama.write_text(MEMBER.replace('"engine-echo"', '"engine-llamacpp"') + LLAMA)
 
     def env(self, name: str, **extra: str) -> dict[str, str]:
         return {
@@ -91,9 +98,10 @@ class Nodes:
             **extra,
         }
 
-    def start(self, name: str, *args: str, cluster: bool = False, **extra: str) -> NodeProcess:
+    def start(self, name: str, *args: str, cluster: bool = False, llama: bool = False, **extra: str) -> NodeProcess:
+        profile = self.llama if llama else self.member if cluster else self.solo
         node = start_node(
-            str(self.member if cluster else self.solo),
+            str(profile),
             "--node-name",
             name,
             *args,

@@ -58,9 +58,13 @@ def register_model_stores(register: Callable[[Any], None], node: NodeSurface) ->
 
 @hookimpl
 def register_api_routes(app: Any, node: NodeSurface) -> None:
+    from .peer import add_peer_routes
     from .routes import add_store_routes
+    from .store_routes import add_store_admin_routes
 
     add_store_routes(app, node)
+    add_peer_routes(app, node)
+    add_store_admin_routes(app, node)
 
 
 @hookimpl

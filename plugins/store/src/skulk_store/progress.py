@@ -45,8 +45,8 @@ class ProgressReporter:
         got = min(sum(per_file.values()), self.total_bytes) if self.total_bytes else sum(per_file.values())
         phase = self.phase(per_file)
         self.emit(got, self.total_bytes, phase)
-        if extra is not None:
-            extra(got, self.total_bytes, phase)
+        if extra is not None:  # the worker logs each new phase: give it one that changes per stage only
+            extra(got, self.total_bytes, f"{self.verb} {', '.join(list(self.total)[:MAX_FILES_IN_PHASE])}")
         now = time.monotonic()
         if done or now - self._last_log >= LOG_EVERY_S:
             self._last_log = now

@@ -51,10 +51,30 @@ class StoreService:
         self._loop = asyncio.get_running_loop()
         self.store.card_lookup = lambda model_id: catalog(self.node).get(model_id)
         self.store.emit_progress = self._emit_progress
+        from .peer import PeerFetcher, PeerServer
+
+        self.peer_server = PeerServer(self.node, self.store)
+        self.node.extensions["store-peer"] = self.peer_server
+        self.fetcher = PeerFetcher(self.node, self._loop)
+        store = self.store
+        store.fetchers.append(lambda card, staging, progress: self.fetcher(card, staging, progress, store))
+        self.publish_inventory()
+        self.node.spawn(self._inventory_loop(), "store-inventory")
         self.node.spawn(self._restore_cards(), "store-restore-cards")
         for card in self.store.downloads.pending():
             log.info("resuming the interrupted download of %s", card.model_id)
             self.download_in_background(card.model_id, card)
+
+    def publish_inventory(self) -> None:
+        """The models held here go out with the next `NodeResources` reading (`models_present`)."""
+        from .peer import inventory
+
+        self.node.facts["models_present"] = inventory(self.store)
+
+    async def _inventory_loop(self) -> None:
+        while not self.node.stopping:
+            await asyncio.to_thread(self.publish_inventory)
+            await asyncio.sleep(1.0)
 
     def _emit_progress(self, model_id: str, done: int, total: int, phase: str) -> None:
         """Called from download threads: hand the reading to the loop, which stores and publishes it."""

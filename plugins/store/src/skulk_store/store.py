@@ -256,6 +256,14 @@ class LocalModelStore:
         log.info("provisioned %s into %s (%.1f MB)", card.model_id, target, size / 1e6)
         return self.install(card, target, main_file)
 
+    def remove(self, model_id: str) -> None:
+        """Delete this node's copy: the sidecar first (the folder stops counting at once), then files."""
+        folder = self.folder(model_id)
+        (folder / SIDECAR).unlink(missing_ok=True)
+        self._installed_cache = None
+        shutil.rmtree(folder, ignore_errors=True)
+        self._installed_cache = None
+
     def add_local(self, path: Path, model_id: str | None = None) -> ModelCard:
         """A card for a local GGUF file or Hugging Face folder (files stay where they are)."""
         path = path.expanduser().resolve()

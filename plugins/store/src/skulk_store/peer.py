@@ -1,0 +1,381 @@
+"""Peer transfer: a model placed on a node that lacks it is copied from the members that hold it.
+
+Where the files are: every node lists the models it holds in its `NodeResources.models_present`
+telemetry reading (the store sets `facts["models_present"]`, bounded); a node that needs a model
+asks the members that list it, and goes to the hub only when none can serve it.
+
+The file service is HTTP on each node's API port:
+
+* `POST /store/peer/grant {model_id, requester, stream}`: the holder checks that `requester` is a
+  member it holds a live cluster session with, mints a random per-transfer token bound to that
+  member and model (10 minutes), and sends it **over the cluster's data plane** to the requester's
+  open chunk stream `stream`; the HTTP answer carries only the manifest. Someone who can reach the
+  HTTP port but is not a member never sees a token.
+* `GET /store/peer/files/{model_id}?file=NAME` with `Authorization: Bearer TOKEN`: the file, with
+  `Range` requests (206).
+
+The requester splits every file into ranges and fetches them from all holders at once (two
+connections each), writes them in place, and checks each file's SHA-256 against the holder's
+sidecar manifest and the card's pinned hashes. A file that fails is fetched again from one source
+at a time, so a holder with a damaged copy is found and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import secrets
+import shutil
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import FileResponse, JSONResponse
+from skulk_kernel.api import ModelCard, NodeResources, NodeSurface, TokenChunk, new_id
+
+from .store import Progress, sha256_file
+
+if TYPE_CHECKING:
+    from .store import LocalModelStore
+
+log = logging.getLogger("skulk.store.peer")
+TOKEN_TTL_S = 600.0
+RANGE_BYTES = 4 << 20
+CONNECTIONS_PER_SOURCE = 2
+INVENTORY_LIMIT = 512
+
+
+# ====================================================================== holder side
+
+
+@dataclass
+class Grant:
+    model_id: str
+    requester: str
+    expires: float
+
+
+@dataclass
+class PeerServer:
+    """The holder's half: tokens and what has been served (bytes per requester)."""
+
+    node: NodeSurface
+    store: LocalModelStore
+    grants: dict[str, Grant] = field(default_factory=dict)
+    served: Counter[str] = field(default_factory=Counter)
+
+    async def grant(self, model_id: str, requester: str, stream: str) -> tuple[int, dict[str, Any]]:
+        now = time.monotonic()
+        self.grants = {t: g for t, g in self.grants.items() if g.expires > now}
+        if requester == self.node.node_id or requester not in self.node.reachable_nodes():
+            return 403, {
+                "message": f"{requester!r} is not a member this node holds a session with",
+                "code": "not_member",
+            }
+        manifest = self.store.manifest(model_id)
+        if not manifest:
+            return 404, {"message": f"this node does not hold {model_id}", "code": "not_held"}
+        token = secrets.token_urlsafe(24)
+        self.grants[token] = Grant(model_id, requester, now + TOKEN_TTL_S)
+        # the token goes to the member over the cluster's own transport, never in this answer
+        await self.node.send_chunk(requester, TokenChunk(command_id=stream, seq=0, text=token, finish_reason="stop"))
+        folder = self.store.folder(model_id)
+        files = {name: {"size": (folder / name).stat().st_size, "sha256": digest} for name, digest in manifest.items()}
+        return 200, {"node_id": self.node.node_id, "model_id": model_id, "files": files}
+
+    def authorize(self, token: str, model_id: str) -> Grant | None:
+        grant = self.grants.get(token)
+        if grant is None or grant.expires < time.monotonic() or grant.model_id != model_id:
+            return None
+        if grant.requester not in self.node.reachable_nodes():
+            return None
+        return grant
+
+
+def add_peer_routes(app: Any, node: NodeSurface) -> None:
+    def server() -> PeerServer | None:
+        found = node.extensions.get("store-peer")
+        return found if isinstance(found, PeerServer) else None
+
+    def refuse(status: int, message: str, code: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
+
+    @app.post("/store/peer/grant")
+    async def grant(request: Request) -> Any:
+        peer = server()
+        if peer is None:
+            return refuse(503, "this node's store is not running", "no_store")
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not all(
+            isinstance(body.get(k), str) for k in ("model_id", "requester", "stream")
+        ):
+            return refuse(400, 'body must be {"model_id", "requester", "stream"} (strings)', "invalid_json")
+        status, answer = await peer.grant(body["model_id"], body["requester"], body["stream"])
+        if status != 200:
+            return refuse(status, answer["message"], answer["code"])
+        return answer
+
+    @app.get("/store/peer/files/{model_id:path}")
+    async def serve_file(model_id: str, file: str, request: Request) -> Any:
+        peer = server()
+        if peer is None:
+            return refuse(503, "this node's store is not running", "no_store")
+        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        grant = peer.authorize(token, model_id)
+        if grant is None:
+            return refuse(403, "no valid transfer token for this model (ask /store/peer/grant)", "bad_token")
+        manifest = peer.store.manifest(model_id)
+        if file not in manifest:
+            return refuse(404, f"{file!r} is not a file of {model_id}", "no_such_file")
+        path = peer.store.folder(model_id) / file
+        peer.served[grant.requester] += _range_length(request.headers.get("range"), path.stat().st_size)
+        return FileResponse(path, media_type="application/octet-stream")
+
+
+def _range_length(header: str | None, size: int) -> int:
+    if not header or not header.startswith("bytes="):
+        return size
+    start, _, end = header[6:].partition("-")
+    try:
+        return (int(end) if end else size - 1) - int(start or 0) + 1
+    except ValueError:
+        return size
+
+
+# ====================================================================== requester side
+
+
+@dataclass
+class Source:
+    node_id: str
+    base_url: str
+    token: str
+    files: dict[str, dict[str, Any]]
+    sent: int = 0
+    broken: bool = False
+
+
+class PeerFetcher:
+    """Called by the store (in a worker thread) before it would go to the hub."""
+
+    def __init__(self, node: NodeSurface, loop: asyncio.AbstractEventLoop) -> None:
+        self.node = node
+        self.loop = loop
+        self.last_sources: dict[str, dict[str, int]] = {}  # model id -> node id -> bytes from it
+
+    def holders(self, model_id: str) -> list[tuple[str, list[str]]]:
+        """(node id, base URLs to try) of every reachable member that lists the model."""
+        reachable = self.node.reachable_nodes()
+        found = []
+        for node_id, received in self.node.readings.latest(NodeResources).items():
+            res = received.reading
+            if node_id == self.node.node_id or node_id not in reachable or model_id not in res.models_present:
+                continue
+            if not res.api_available or not res.api_port:
+                continue
+            found.append((node_id, [f"http://{addr}:{res.api_port}" for addr in res.addresses or ("127.0.0.1",)]))
+        return sorted(found)
+
+    def _token(self, model_id: str, holder: str, urls: list[str]) -> Source | None:
+        import httpx
+
+        stream_id = new_id()
+        stream = self.node.streams.open(stream_id, idle_timeout=15)
+        try:
+            for url in urls:
+                try:
+                    answer = httpx.post(
+                        f"{url}/store/peer/grant",
+                        json={"model_id": model_id, "requester": self.node.node_id, "stream": stream_id},
+                        timeout=httpx.Timeout(10, connect=2),
+                    )
+                except httpx.HTTPError:
+                    continue  # that address is not the one the holder's API listens on
+                if answer.status_code != 200:
+                    log.info("peer %s refused %s: %s", holder, model_id, answer.text[:200])
+                    return None
+                token = asyncio.run_coroutine_threadsafe(_first_text(stream), self.loop).result(20)
+                return Source(holder, url, token, dict(answer.json()["files"]))
+            return None
+        except Exception as exc:
+            log.info("no token from peer %s for %s: %s", holder, model_id, exc)
+            return None
+        finally:
+            self.loop.call_soon_threadsafe(self.node.streams.close, stream_id)
+
+    def __call__(self, card: ModelCard, staging: Path, progress: Progress, store: LocalModelStore) -> Path | None:
+        holders = self.holders(card.model_id)
+        if not holders:
+            return None
+        pinned = {n: m for n, m in dict(card.sections.get("source", {}).get("files", {})).items()}
+        sources = []
+        for holder, urls in holders:
+            src = self._token(card.model_id, holder, urls)
+            if src is None:
+                continue
+            wrong = [
+                n for n, m in pinned.items() if m.get("sha256") and src.files.get(n, {}).get("sha256") != m["sha256"]
+            ]
+            if wrong or not all(n in src.files for n in pinned):
+                log.warning("peer %s holds a different %s (%s); not copying from it", holder, card.model_id, wrong)
+                continue
+            sources.append(src)
+        if not sources:
+            return None
+        files = {n: src_meta for n, src_meta in sources[0].files.items() if not pinned or n in pinned}
+        staging.mkdir(parents=True, exist_ok=True)
+        reporter = store._reporter(card.model_id, {n: int(m["size"]) for n, m in files.items()}, "copying from peers")
+        began = time.monotonic()
+        for name, meta in files.items():
+            if not self._copy_file(card.model_id, name, meta, staging, sources, reporter, progress):
+                log.warning("no peer gave a good copy of %s/%s", card.model_id, name)
+                return None
+        total = sum(int(m["size"]) for m in files.values())
+        took = time.monotonic() - began
+        self.last_sources[card.model_id] = {s.node_id: s.sent for s in sources}
+        log.info(
+            "copied %s (%.1f MB) from %d peer(s) %s in %.1f s (%.1f MB/s)",
+            card.model_id,
+            total / 1e6,
+            len(sources),
+            {s.node_id[:8]: s.sent for s in sources},
+            took,
+            total / 1e6 / max(took, 1e-6),
+        )
+        shutil.rmtree(staging / ".peer", ignore_errors=True)
+        return staging
+
+    def _copy_file(
+        self,
+        model_id: str,
+        name: str,
+        meta: dict[str, Any],
+        staging: Path,
+        sources: list[Source],
+        reporter: Any,
+        progress: Progress,
+    ) -> bool:
+        """All sources at once, then (if the hash is wrong) each source alone until one is right."""
+        size, want = int(meta["size"]), str(meta["sha256"])
+        part = staging / ".peer" / (name.replace("/", "--") + ".part")
+        part.parent.mkdir(parents=True, exist_ok=True)
+        attempts = [[s for s in sources if not s.broken]] + [[s] for s in sources]
+        for group in attempts:
+            group = [s for s in group if not s.broken]
+            if not group:
+                continue
+            if not self._fetch_ranges(model_id, name, size, part, group, reporter, progress):
+                continue
+            if sha256_file(part) == want:
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(part, target)
+                return True
+            log.warning(
+                "%s/%s from %s failed SHA-256 verification; fetching it again",
+                model_id,
+                name,
+                [s.node_id[:8] for s in group],
+            )
+            if len(group) == 1:
+                group[0].broken = True
+        return False
+
+    def _fetch_ranges(
+        self,
+        model_id: str,
+        name: str,
+        size: int,
+        part: Path,
+        group: list[Source],
+        reporter: Any,
+        progress: Progress,
+    ) -> bool:
+        import httpx
+
+        with open(part, "wb") as f:
+            f.truncate(size)
+        work: queue.Queue[tuple[int, int]] = queue.Queue()
+        for start in range(0, size, RANGE_BYTES):
+            work.put((start, min(start + RANGE_BYTES, size) - 1))
+        done_bytes = [0]
+        lock = threading.Lock()
+        failures: Counter[str] = Counter()
+
+        def worker(src: Source) -> None:
+            fd = os.open(part, os.O_WRONLY)
+            try:
+                with httpx.Client(timeout=httpx.Timeout(30, connect=3)) as client:
+                    while not src.broken:
+                        try:
+                            start, end = work.get_nowait()
+                        except queue.Empty:
+                            return
+                        try:
+                            got = self._range(client, src, model_id, name, start, end, fd)
+                        except Exception as exc:
+                            work.put((start, end))
+                            failures[src.node_id] += 1
+                            if failures[src.node_id] >= 3:
+                                log.warning("peer %s keeps failing (%s); dropping it", src.node_id[:8], exc)
+                                src.broken = True
+                            continue
+                        with lock:
+                            src.sent += got
+                            done_bytes[0] += got
+            finally:
+                os.close(fd)
+
+        threads = [
+            threading.Thread(target=worker, args=(src,), name=f"peer-copy-{src.node_id[:8]}", daemon=True)
+            for src in group
+            for _ in range(CONNECTIONS_PER_SOURCE)
+        ]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.5)
+            reporter.update({name: done_bytes[0]}, progress)
+        reporter.update({name: done_bytes[0]}, progress, done=True)
+        return work.empty() and done_bytes[0] == size
+
+    @staticmethod
+    def _range(client: Any, src: Source, model_id: str, name: str, start: int, end: int, fd: int) -> int:
+        headers = {"Authorization": f"Bearer {src.token}", "Range": f"bytes={start}-{end}"}
+        url = f"{src.base_url}/store/peer/files/{model_id}"
+        offset = start
+        with client.stream("GET", url, params={"file": name}, headers=headers) as response:
+            if response.status_code != 206:
+                raise RuntimeError(f"peer answered {response.status_code} to a range request")
+            for block in response.iter_bytes(1 << 20):
+                os.pwrite(fd, block, offset)
+                offset += len(block)
+        if offset != end + 1:
+            raise RuntimeError(f"short range: {offset - start} of {end - start + 1} bytes")
+        return offset - start
+
+
+async def _first_text(stream: Any) -> str:
+    async for chunk in stream:
+        if isinstance(chunk, TokenChunk) and chunk.text:
+            return chunk.text
+        raise RuntimeError(f"the holder sent no token ({type(chunk).__name__})")
+    raise RuntimeError("the token stream ended empty")
+
+
+def inventory(store: LocalModelStore) -> tuple[str, ...]:
+    """The model ids this node holds, for `NodeResources.models_present` (bounded)."""
+    held = sorted(store.installed())
+    if len(held) > INVENTORY_LIMIT:
+        log.warning("this node holds %d models; advertising the first %d", len(held), INVENTORY_LIMIT)
+    return tuple(held[:INVENTORY_LIMIT])
