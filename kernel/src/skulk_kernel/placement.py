@@ -63,6 +63,7 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
             backends=tuple(res.reading.backends),
             splits=res.reading.splits,
             addresses=res.reading.addresses,
+            models_present=frozenset(res.reading.models_present),
         )
     return caps
 

@@ -130,6 +130,7 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
             data_transport=node.transports["data"].name,
             api_available=bool(node.facts.get("api_available")),
             api_port=node.facts.get("api_port"),
+            models_present=tuple(node.facts.get("models_present", ())),
         ),
         NodeDisk(node_id=nid, models_dir=models_dir, total_bytes=disk.total, free_bytes=disk.free),
         NodeHeartbeat(node_id=nid),

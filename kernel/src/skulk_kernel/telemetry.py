@@ -51,6 +51,7 @@ class NodeResources(Tagged):
     api_port: int | None = None
     splits: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # backend tag -> placements it can split
     addresses: tuple[str, ...] = ()  # this node's IPv4 addresses, loopback last
+    models_present: tuple[str, ...] = ()  # model ids whose files this node holds (the store bounds it)
 
 
 class NodeDisk(Tagged):
