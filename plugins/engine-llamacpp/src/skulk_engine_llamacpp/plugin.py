@@ -15,8 +15,17 @@ class LlamaCppConfig(BaseModel):
     """`[plugins.engine-llamacpp]` in a profile."""
 
     model_config = ConfigDict(extra="forbid")
-    n_threads: int = Field(default=1, ge=1, description="decode threads per runner (1 is best on 2 busy cores)")
-    n_parallel: int = Field(default=4, ge=1, description="llama_server slots: requests decoded together")
+    n_threads: int = Field(default=1, ge=1, description="threads for one stream's decode (1 is best on 2 busy cores)")
+    n_threads_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="threads when several tokens are computed at once: prompts, and several streams "
+        "decoding together (default: the cores this process may use)",
+    )
+    n_parallel: int = Field(default=16, ge=1, description="llama_server slots: requests decoded together")
+    draft_model_path: str | None = Field(
+        default=None, description="llama_server: a GGUF of the same vocabulary drafting tokens (speculative decoding)"
+    )
     n_ctx: int | None = Field(default=None, ge=64, description="context tokens (default: the model's)")
     cache_ram_mib: int = Field(default=256, ge=0, description="llama_server RAM prompt cache")
     logprobs_inprocess: bool = Field(default=False, description="llama_cpp: allocate logits for logprobs")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .abortable import AbortableStream, CancelWatcher
-from .constraints import LARK_NO_MARKUP_START, Constraint, call_schema, format_schema, lark_call, lark_json
+from .constraints import LARK_PROSE_START, Constraint, call_schema, format_schema, lark_call, lark_json
 from .events import (
     BackendError,
     CancelCheck,
@@ -102,6 +102,15 @@ def _logprobs_from(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob
     return tuple(out)
 
 
+def _usable_cores() -> int:
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _normalize(vec: list[float]) -> list[float]:
     norm = math.sqrt(math.fsum(v * v for v in vec))
     return [v / norm for v in vec] if norm > 0 else vec
@@ -121,8 +130,11 @@ class LlamaServer:
         embedding: bool = False,
         n_parallel: int = 4,
         n_threads: int = 1,
+        n_threads_batch: int | None = None,
         n_ctx: int | None = None,
         chat_template: str | None = None,
+        draft_model_path: str | Path | None = None,
+        draft_max: int = 8,
         tool_mode: ToolMode = "auto",
         cache_ram_mib: int = 256,
         request_timeout_s: float = 600.0,
@@ -134,11 +146,21 @@ class LlamaServer:
         is per slot (default: the model's context, 512 for MiniLM).
         cache_ram_mib: llama.cpp's RAM prompt cache (its default, 8 GiB, is too much for a
         small shared node).
+        n_threads / n_threads_batch: llama.cpp computes a batch of one token (one stream decoding)
+        with ``n_threads`` and anything larger (prompts, several streams decoding together) with
+        ``n_threads_batch``, so threads follow the load: one stream keeps to one core on a busy
+        box (two threads can collapse there), queued streams use every core. Default batch
+        threads: the cores this process may use.
+        draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
+        step (speculative decoding; greedy output is unchanged, acceptance in the timings).
         """
         self.model_path = Path(model_path)
         self.embedding = embedding
         self.n_parallel = n_parallel
         self.n_threads = n_threads
+        self.n_threads_batch = n_threads_batch or _usable_cores()
+        self.draft_model_path = Path(draft_model_path) if draft_model_path else None
+        self.draft_max = draft_max
         self._n_ctx_req = n_ctx
         self._chat_template_override = chat_template
         self._tool_mode_req: ToolMode = tool_mode
@@ -173,7 +195,15 @@ class LlamaServer:
         p.port = 0  # ephemeral, chosen by the server itself
         p.n_parallel = self.n_parallel
         p.cpuparams.n_threads = self.n_threads
-        p.cpuparams_batch.n_threads = self.n_threads
+        p.cpuparams_batch.n_threads = self.n_threads_batch
+        if self.draft_model_path is not None and not self.embedding:
+            draft = p.speculative.draft
+            draft.mparams.path = str(self.draft_model_path)
+            draft.n_max = self.draft_max
+            draft.n_min = 0
+            draft.cpuparams.n_threads = self.n_threads
+            draft.cpuparams_batch.n_threads = self.n_threads_batch
+            p.speculative.types = [xlc.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
         p.verbosity = self.verbosity
         # cpp-httplib serves one connection per thread; enough threads that queued streams are
         # read (and their disconnects noticed) instead of waiting unaccepted in the backlog
@@ -366,8 +396,12 @@ class LlamaServer:
         tool_names = [t.get("function", t).get("name") for t in tools] if tools else None
         forced = constraint.forced_name
         started_inside = False
+        after_tool = bool(messages) and messages[-1].get("role") == "tool"
         try:
-            if tools and self.tool_mode == "prompt":
+            # Our own prompt + grammar whenever llama.cpp's tool handling cannot do what is asked: a
+            # template without tools, a forced call (llama.cpp's `tool_choice: required` does not
+            # constrain every template), or the answer after a tool result (see LARK_PROSE_START).
+            if tools and (self.tool_mode == "prompt" or constraint.forces_call or after_tool):
                 body["prompt"] = self.apply_template(messages, tools, enable_thinking)
                 started_inside = body["prompt"].rstrip().endswith(THINK_OPEN)
                 if logprobs:
@@ -376,17 +410,13 @@ class LlamaServer:
                 body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
                 if constraint.forces_call:
                     body["grammar"] = lark_call(call_schema(tools, forced))
-                elif messages and messages[-1].get("role") == "tool":
-                    body["grammar"] = LARK_NO_MARKUP_START
+                elif after_tool:
+                    body["grammar"] = LARK_PROSE_START
                 path = "/v1/completions"
             else:
                 body["messages"] = messages
                 if tools:
                     body["tools"] = tools
-                    if constraint.forces_call:
-                        call_schema(tools, forced)  # raises for a name that is not offered
-                        body["tools"] = [t for t in tools if forced is None or t.get("function", t)["name"] == forced]
-                        body["tool_choice"] = "required"
                 if constraint.response_format is not None:
                     body["grammar"] = lark_json(format_schema(constraint.response_format))
                 if enable_thinking is not None:
