@@ -59,10 +59,7 @@ def _(event: ev.InstanceDeleted, state: State) -> Updates:
     if inst is None:
         return {}
     runner_ids = inst.shard_assignments.runner_to_shard.keys()
-    return {
-        "instances": _without(state.instances, event.instance_id),
-        "runners": _without(state.runners, *runner_ids),
-    }
+    return {"instances": _without(state.instances, event.instance_id), "runners": _without(state.runners, *runner_ids)}
 
 
 @_apply_event.register

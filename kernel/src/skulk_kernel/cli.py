@@ -22,9 +22,7 @@ DEFAULT_PROFILE = os.environ.get("SKULK_PROFILE", "cpu-llamacpp")
 def _setup_logging(verbosity: int) -> None:
     level = logging.INFO - 10 * verbosity
     logging.basicConfig(
-        level=max(level, logging.DEBUG),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
+        level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
 
 
@@ -94,6 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         options.home = Path(args.home).expanduser()
     if args.no_default_models:
         options.extra["no_default_models"] = True
+    if args.join:
+        options.extra["join_token"] = args.join
     try:
         node = Node(profile, options)
     except NodeError as exc:
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--node-name", default=None, help="friendly name (default: hostname)")
     run.add_argument("--home", default=None, help="data directory (default: $SKULK_HOME or ~/.skulk)")
     run.add_argument("--offline", action="store_true", help="never reach for the internet")
+    run.add_argument("--join", default=None, help="join token of a cluster (`skulk-kernel cluster token` on a member)")
     run.add_argument(
         "--no-default-models", action="store_true", help="do not place the profile's default models at start-up"
     )

@@ -112,7 +112,7 @@ Command: TypeAlias = (
     | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
     | SpeechSynthesis | Transcription
 )
-Request: TypeAlias = TextGeneration | TextEmbedding | SpeechSynthesis | Transcription
+Request: TypeAlias = TextGeneration | TextEmbedding | SpeechSynthesis | Transcription  # what an API node sends
 # fmt: on
 COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)
 if not TYPE_CHECKING:

@@ -7,7 +7,7 @@ a registration that is missing a method, and skulk-testing ships a conformance s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -37,34 +37,33 @@ class NodeSurface(Protocol):
     """Everything a plugin may use of the node it runs in; `skulk_kernel.node.Node` implements it.
 
     Hooks receive the node typed as this Protocol, never as `Node` or `Any`: what is not named
-    here is private to the kernel and may change without notice. Attributes are read-only to
-    plugins (State changes only through commands and events).
+    here is private to the kernel and may change without notice. Treat every attribute as
+    read-only: State changes only through commands and events.
     """
 
-    # --- identity and configuration
-    @property
-    def node_id(self) -> NodeId: ...
-    @property
-    def profile(self) -> Profile: ...
-    @property
-    def options(self) -> NodeOptions: ...
-    @property
-    def started_at(self) -> float: ...
+    # identity, configuration, replicated State and telemetry (plain attributes of the node)
+    node_id: NodeId
+    profile: Profile
+    options: NodeOptions
+    started_at: float
+    state: State
+    master_id: str | None
+    readings: ReadingStore
+    facts: dict[str, Any]
+    health_notes: dict[str, dict[str, str]]  # plugin -> {code: message}; shown in /state nodeHealth
+    streams: StreamRouter
+    hooks: GuardedHooks
+    extensions: dict[str, Any]  # plugin name -> the per-node object that plugin keeps
+
     def plugin_config(self, plugin: str) -> Any: ...
     def runtime_info(self) -> dict[str, Any]: ...
-
-    # --- replicated State and the master
-    @property
-    def state(self) -> State: ...
-    @property
-    def master_id(self) -> str | None: ...
     @property
     def is_master(self) -> bool: ...
     @property
     def event_log(self) -> EventLog: ...
     async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State: ...
 
-    # --- planes
+    # the planes
     @property
     def transports(self) -> Mapping[str, Transport]: ...
     def subscribe(self, topic: Topic, handler: Callable[[str, bytes], Awaitable[None] | None]) -> None: ...
@@ -74,37 +73,19 @@ class NodeSurface(Protocol):
     async def send_chunk(self, owner: str, chunk: Chunk) -> None: ...
     def reachable_nodes(self) -> set[str]: ...
 
-    # --- telemetry, facts and health
-    @property
-    def readings(self) -> ReadingStore: ...
-    @property
-    def facts(self) -> dict[str, Any]: ...
-    @property
-    def health_notes(self) -> dict[str, dict[str, str]]:
-        """plugin -> {code: message}: conditions a plugin reports; shown in /state nodeHealth."""
-
-    # --- registered capabilities
+    # registered capabilities
     @property
     def engines(self) -> Mapping[str, Engine]: ...
     @property
     def planners(self) -> Mapping[str, Planner]: ...
     @property
     def model_stores(self) -> Mapping[str, ModelStore]: ...
+    @property
+    def middleware(self) -> Sequence[InferenceMiddleware]: ...
     def engine_owner(self, engine_name: str) -> str:
         """The plugin that registered `engine_name` (a runner loads only that plugin)."""
 
-    # --- serving
-    @property
-    def streams(self) -> StreamRouter: ...
-    @property
-    def middleware(self) -> list[InferenceMiddleware]: ...
-    @property
-    def hooks(self) -> GuardedHooks: ...
-    @property
-    def extensions(self) -> dict[str, Any]:
-        """plugin name -> the per-node object that plugin keeps (its worker, its master...)."""
-
-    # --- lifecycle
+    # lifecycle
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
     @property
     def stopping(self) -> bool: ...
@@ -209,11 +190,7 @@ class Planner(Protocol):
     name: str
 
     def place(
-        self,
-        request: PlacementRequest,
-        state: State,
-        nodes: dict[str, NodeCapacity],
-        instance_id: str,
+        self, request: PlacementRequest, state: State, nodes: dict[str, NodeCapacity], instance_id: str
     ) -> Instance:
         """Return an Instance for `request`, or raise PlacementError. Pure: used for dry runs."""
 

@@ -185,12 +185,7 @@ class EventLog:
 
     def status(self) -> EventLogStatus:
         return EventLogStatus(
-            self._mode,
-            self._reason,
-            self._last_idx,
-            self._bytes_written,
-            len(self._archives),
-            str(self.directory),
+            self._mode, self._reason, self._last_idx, self._bytes_written, len(self._archives), str(self.directory)
         )
 
     def append(self, idx: int, payload: dict[str, Any]) -> None:

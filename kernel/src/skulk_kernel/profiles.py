@@ -60,10 +60,7 @@ def parse_profile(text: str, source: str) -> Profile:
         raise ProfileError(f"{source}: unknown tables {sorted(unknown)}; use [planes] or [plugins.NAME]")
     try:
         return Profile(
-            **head,
-            planes=Planes(**data.get("planes", {})),
-            plugin_config=data.get("plugins", {}),
-            source=source,
+            **head, planes=Planes(**data.get("planes", {})), plugin_config=data.get("plugins", {}), source=source
         )
     except (ValidationError, TypeError) as exc:
         raise ProfileError(f"{source}: {exc}") from None

@@ -14,16 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from . import codec
-from .telemetry import (
-    Memory,
-    NodeDisk,
-    NodeHeartbeat,
-    NodeIdentity,
-    NodeMemory,
-    NodeResources,
-    NodeSystem,
-    Reading,
-)
+from .telemetry import Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading
 
 if TYPE_CHECKING:
     from .node import Node
@@ -103,35 +94,21 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
     models_dir = str(node.facts.get("models_dir") or node.home)
     os.makedirs(models_dir, exist_ok=True)
     disk = shutil.disk_usage(models_dir)
-    nid = node.node_id
+    nid, facts = node.node_id, node.facts
+    commit, network = os.environ.get("SKULK_COMMIT", ""), str(facts.get("network_version", ""))
+    system = {"os": platform.system(), "arch": platform.machine(), "cpu_model": _cpu_model(),
+              "cpu_count": os.cpu_count() or 1, "python": platform.python_version()}  # fmt: skip
+    resources = {"backends": tuple(splits), "splits": splits, "addresses": _addresses(),
+                 "engine_builds": dict(facts.get("engine_builds", {})), "data_transport": node.transports["data"].name,
+                 "api_available": bool(facts.get("api_available")), "api_port": facts.get("api_port"),
+                 "models_present": tuple(facts.get("models_present", ()))}  # fmt: skip
+    identity = NodeIdentity(node_id=nid, friendly_name=node.options.node_name, skulk_version=kernel_version(),
+                            skulk_commit=commit, network_version=network)  # fmt: skip
     return [
-        NodeIdentity(
-            node_id=nid,
-            friendly_name=node.options.node_name,
-            skulk_version=kernel_version(),
-            skulk_commit=os.environ.get("SKULK_COMMIT", ""),
-            network_version=str(node.facts.get("network_version", "")),
-        ),
+        identity,
         NodeMemory(node_id=nid, ram_total=Memory(in_bytes=vm.total), ram_available=Memory(in_bytes=vm.available)),
-        NodeSystem(
-            node_id=nid,
-            os=platform.system(),
-            arch=platform.machine(),
-            cpu_model=_cpu_model(),
-            cpu_count=os.cpu_count() or 1,
-            python=platform.python_version(),
-        ),
-        NodeResources(
-            node_id=nid,
-            backends=tuple(splits),
-            splits=splits,
-            addresses=_addresses(),
-            engine_builds=dict(node.facts.get("engine_builds", {})),
-            data_transport=node.transports["data"].name,
-            api_available=bool(node.facts.get("api_available")),
-            api_port=node.facts.get("api_port"),
-            models_present=tuple(node.facts.get("models_present", ())),
-        ),
+        NodeSystem(node_id=nid, **system),
+        NodeResources(node_id=nid, **resources),
         NodeDisk(node_id=nid, models_dir=models_dir, total_bytes=disk.total, free_bytes=disk.free),
         NodeHeartbeat(node_id=nid),
     ]

@@ -36,13 +36,7 @@ class ChunkStream:
         """End the stream with an error whatever arrived before (bypasses ordering)."""
         if not self.closed:
             self._queue.put_nowait(
-                ErrorChunk(
-                    command_id=self.command_id,
-                    seq=0,
-                    message=message,
-                    error_type=error_type,
-                    code=code,
-                )
+                ErrorChunk(command_id=self.command_id, seq=0, message=message, error_type=error_type, code=code)
             )
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:

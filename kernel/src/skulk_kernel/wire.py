@@ -30,11 +30,7 @@ class WireModel(BaseModel):
     """Base of every replicated or wire-visible kernel type."""
 
     model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        ser_json_inf_nan="strings",
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, ser_json_inf_nan="strings"
     )
 
     def wire(self) -> dict[str, Any]:

@@ -35,13 +35,16 @@ from skulk_kernel.api import (
     NodeSurface,
     Park,
     PlaceInstance,
+    Request,
     Retry,
     RunnerStatusUpdated,
+    SpeechSynthesis,
     State,
     StateSnapshot,
     TextEmbedding,
     TextGeneration,
     Topic,
+    Transcription,
     Unpark,
     apply,
     capacities,
@@ -67,7 +70,7 @@ class Master:
         self.active = False
         self._lock = asyncio.Lock()
         self._plan_task: asyncio.Task[Any] | None = None
-        self._parked: dict[str, tuple[float, TextGeneration | TextEmbedding]] = {}
+        self._parked: dict[str, tuple[float, Request]] = {}
         self._retries: dict[str, tuple[float, PlaceInstance]] = {}  # model id -> re-placement waiting for room
         self._defaults_placed = False
         planner = next(iter(node.planners.values()), None)
@@ -198,7 +201,7 @@ class Master:
         await self.carry_out(decision, forwarded.origin)
 
     async def _refuse(self, command: Any, reason: str) -> None:
-        if isinstance(command, TextGeneration | TextEmbedding):
+        if isinstance(command, TextGeneration | TextEmbedding | SpeechSynthesis | Transcription):
             await self.node.send_chunk(
                 command.owner_node_id,
                 ErrorChunk(
