@@ -163,3 +163,76 @@ def test_ranks_on_one_host_talk_over_loopback():
     card = CARD.model_copy(update={"compatible_backends": ("mlx-cpu",), "backend_preference": ()})
     inst = MemoryPlanner().place(PlacementRequest(model=card, min_nodes=2), State(), same, "inst-2")
     assert inst.group is not None and all(h.startswith("127.0.0.1:") for h in inst.group.hosts)
+
+
+# ---------------------------------------------------------------- VRAM as its own pool
+
+from dataclasses import dataclass  # noqa: E402
+
+from skulk_master.planner import memory_pool  # noqa: E402
+
+GPU_CARD = CARD.model_copy(
+    update={"compatible_backends": ("vllm-cuda", "llama_server-cpu"), "backend_preference": ("vllm-cuda", "llama_server-cpu")}
+)
+
+
+@dataclass(frozen=True)
+class GpuCapacity(NodeCapacity):
+    """NodeCapacity plus the VRAM field the hardware telemetry carries (see the planner's memory_pool)."""
+
+    vram_available: int | None = None
+
+
+def gpu(node: str, ram_gib: float, vram_gib: float | None, backends=("vllm-cuda", "llama_server-cpu")) -> GpuCapacity:
+    return GpuCapacity(
+        node_id=node,
+        ram_available=int(ram_gib * GiB),
+        ram_total=int(ram_gib * GiB * 2),
+        backends=backends,
+        addresses=("127.0.0.1",),
+        vram_available=None if vram_gib is None else int(vram_gib * GiB),
+    )
+
+
+def place_gpu(nodes, **kwargs):
+    return MemoryPlanner().place(PlacementRequest(model=GPU_CARD, **kwargs), State(), nodes, "inst-g")
+
+
+def test_memory_pool_is_vram_for_discrete_gpu_backends_only():
+    node = gpu("g", 64, 24)
+    assert memory_pool(node, "vllm-cuda") == ("VRAM", 24 * GiB)
+    assert memory_pool(node, "llama_server-rocm") == ("VRAM", 24 * GiB)
+    assert memory_pool(node, "llama_server-cpu") == ("RAM", 64 * GiB)
+    assert memory_pool(node, "mlx-metal") == ("RAM", 64 * GiB)  # unified memory
+    assert memory_pool(cap("c", 8), "vllm-cuda") == ("RAM", 8 * GiB)  # no VRAM reported: as before
+
+
+def test_gpu_backend_admitted_against_vram_not_ram():
+    inst = place_gpu({"g": gpu("g", ram_gib=1, vram_gib=24)})  # plenty of VRAM, little RAM
+    (shard,) = inst.shard_assignments.runner_to_shard.values()
+    assert shard.backend == "vllm-cuda"
+
+
+def test_vram_shortfall_names_the_pool():
+    # 1 GiB of VRAM cannot hold 2 GiB of weights, however much RAM the node has
+    with pytest.raises(PlacementError) as err:
+        place_gpu({"g": gpu("g", ram_gib=64, vram_gib=1, backends=("vllm-cuda",))})
+    assert err.value.kind == "memory_shortfall" and "1.00 GiB of VRAM is available for vllm-cuda" in err.value.message
+
+
+def test_pipeline_split_weights_layers_by_vram():
+    nodes = {"a": gpu("a", 4, 30), "b": gpu("b", 60, 10)}
+    big = GPU_CARD.model_copy(update={"storage_size": 20 * GiB})
+    inst = MemoryPlanner().place(
+        PlacementRequest(model=big, min_nodes=2), State(), {n: _splitting(c) for n, c in nodes.items()}, "inst-p"
+    )
+    shards = {inst.shard_assignments.runner_to_shard[r].backend for r in inst.shard_assignments.runner_to_shard}
+    assert shards == {"vllm-cuda"}
+    spans = {n: inst.shard_assignments.runner_to_shard[r] for n, r in inst.shard_assignments.node_to_runner.items()}
+    assert spans["a"].end_layer - spans["a"].start_layer > spans["b"].end_layer - spans["b"].start_layer
+
+
+def _splitting(c: GpuCapacity) -> GpuCapacity:
+    from dataclasses import replace
+
+    return replace(c, splits={b: ("Pipeline",) for b in c.backends})

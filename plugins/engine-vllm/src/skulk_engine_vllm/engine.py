@@ -200,6 +200,7 @@ class VllmEngine:
                 labels={"instance_id": spec.instance_id, "runner_id": spec.runner_id, "model_id": card.model_id},
                 log_path=where / f"{spec.runner_id}.log",
                 ready_timeout_s=float(spec.options.get("ready_timeout_s", 900)),
+                stop_grace_s=4.0,  # inside the worker's 5 s join of a stopping runner
             )
         )
         progress(0, card.n_layers)

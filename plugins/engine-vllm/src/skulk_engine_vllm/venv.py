@@ -38,7 +38,7 @@ CUDA_VLLM = "vllm==0.33.0"
 CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 MARKER = ".skulk-vllm-ready.json"
 #: What the GGUF -> safetensors conversion needs beyond vLLM's own dependencies.
-CONVERT_EXTRAS = ("gguf",)
+CONVERT_EXTRAS = ("gguf", "accelerate")
 
 
 class VenvError(RuntimeError):
@@ -70,10 +70,11 @@ def venv_python(flavor: Flavor) -> Path | None:
     if not (python.is_file() and marker.is_file()):
         return None
     try:
-        if json.loads(marker.read_text()).get("flavor") != flavor:
-            return None
+        info = json.loads(marker.read_text())
     except ValueError:
         return None
+    if info.get("flavor") != flavor or not set(CONVERT_EXTRAS) <= set(info.get("extras", ())):
+        return None  # another flavour, or an older recipe: resume (every step is idempotent)
     return python
 
 
@@ -82,7 +83,7 @@ def installed_info(flavor: Flavor) -> dict[str, str] | None:
     if venv_python(flavor) is None:
         return None
     info = json.loads((venv_dir(flavor) / MARKER).read_text())
-    return {str(k): str(v) for k, v in info.items()}
+    return {str(k): str(v) for k, v in info.items() if not isinstance(v, list)}
 
 
 def _run(cmd: list[str], timeout_s: float, what: str) -> str:
@@ -158,6 +159,6 @@ def _create(root: Path, flavor: Flavor, progress: Progress, timeout_s: float) ->
         "importing vllm in the new venv",
     )
     versions = json.loads(out.strip().splitlines()[-1])
-    (root / MARKER).write_text(json.dumps({"flavor": flavor, **versions}) + "\n")
+    (root / MARKER).write_text(json.dumps({"flavor": flavor, "extras": list(CONVERT_EXTRAS), **versions}) + "\n")
     progress(f"ready: vllm {versions['vllm']}, torch {versions['torch']}")
     return python

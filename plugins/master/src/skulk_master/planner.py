@@ -36,6 +36,24 @@ MAX_CYCLE = 4
 RING_PORT_BASE, RING_PORT_SPAN = 41000, 16000  # ports of multi-rank groups: [base, base + span + MAX_CYCLE)
 
 
+#: Computes whose weights live in the accelerator's own memory (Metal is unified: RAM is its pool).
+DISCRETE_GPU_COMPUTES = frozenset({"cuda", "rocm"})
+
+
+def memory_pool(cap: NodeCapacity, backend: str) -> tuple[str, int]:
+    """(pool name, free bytes) that admits `backend` on this node: VRAM is its own pool.
+
+    A discrete-GPU backend (``*-cuda``, ``*-rocm``) is admitted against the node's free VRAM when
+    its capacity carries ``vram_available`` (telemetry from the hardware plugin, once
+    NodeCapacity has the field); every other backend, and a GPU node that does not report VRAM,
+    against RAM as before.
+    """
+    vram = getattr(cap, "vram_available", None)
+    if backend.rpartition("-")[2] in DISCRETE_GPU_COMPUTES and vram is not None:
+        return "VRAM", int(vram)
+    return "RAM", cap.ram_available
+
+
 def _fmt(n: float) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB / 2 else f"{n / MiB:.0f} MiB"
 
@@ -99,12 +117,12 @@ class MemoryPlanner:
         return 2 * card.n_layers * card.context_length * card.num_key_value_heads * head_dim * 2
 
     def _layer_split(
-        self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity], sharding: str
+        self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity], sharding: str, backend: str = ""
     ) -> dict[str, tuple[int, int]]:
         n = card.n_layers
         if sharding == "Tensor" or len(ring) == 1:
             return {node: (0, n) for node in ring}
-        weights = [max(caps[node].ram_available, 1) for node in ring]
+        weights = [max(memory_pool(caps[node], backend)[1], 1) for node in ring]
         total = sum(weights)
         bounds, start = {}, 0
         for i, node in enumerate(ring):
@@ -197,18 +215,18 @@ class MemoryPlanner:
                 f"by {width}"
             )
             return None
-        shares = self._layer_split(card, ring, caps, request.sharding)
+        shares = self._layer_split(card, ring, caps, request.sharding, backend)
         for node in ring:
             start, end = shares[node]
             share = (1 / width) if request.sharding == "Tensor" else (end - start) / card.n_layers
             need = self.need_bytes(card, share, width)
-            available = caps[node].ram_available
+            pool, available = memory_pool(caps[node], backend)
             if need >= available:
                 rejections.append(
                     f"memory shortfall on node {node}: needs {_fmt(need)} = weights "
                     f"{_fmt(card.storage_size * share)} x overhead {self.overhead} + KV "
                     f"{_fmt(self.kv_bytes(card) * share)} + floor {_fmt(self.floor_bytes)}, but only "
-                    f"{_fmt(available)} is available"
+                    f"{_fmt(available)} {'of VRAM ' if pool == 'VRAM' else ''}is available for {backend}"
                 )
                 return None
         return _Candidate(ring, backend, shares)
