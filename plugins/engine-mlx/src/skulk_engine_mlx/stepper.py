@@ -71,8 +71,14 @@ class Stepper:
         self.quantize_cache = quantize_cache
         self.cache: list[Any] = []
 
-    def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        return self.compute.call(fn, self.timeout_s, what)
+    def _call(self, fn: Callable[[], Any], what: str, scale: int = 1) -> Any:
+        """Run on the compute thread; a step over many prompt tokens gets proportionally longer.
+
+        The collective timeout bounds one decode step; a prefill chunk of n tokens may
+        legitimately take about n/32 times as long on a slow CPU, so its bound scales with it.
+        """
+        timeout = None if self.timeout_s is None else self.timeout_s * max(1.0, scale / 32)
+        return self.compute.call(fn, timeout, what)
 
     def start(
         self,
@@ -86,7 +92,7 @@ class Stepper:
         done = 0
         while len(prompt) - done > self.prefill_step:
             chunk = prompt[done : done + self.prefill_step]
-            self._call(partial(self._prefill, chunk), "a prefill step")
+            self._call(partial(self._prefill, chunk), "a prefill step", scale=len(chunk))
             done += len(chunk)
             if progress is not None:
                 progress(done, len(prompt))
@@ -94,7 +100,8 @@ class Stepper:
 
     def step(self, tokens: list[int], request: Request, cancelled: Callable[[], bool]) -> StepResult:
         flag = bool(cancelled())
-        return self._call(lambda: self._step(tokens, request, flag), "a decode step")  # type: ignore[no-any-return]
+        what = "a decode step" if len(tokens) == 1 else "the last prefill step"
+        return self._call(lambda: self._step(tokens, request, flag), what, scale=len(tokens))  # type: ignore[no-any-return]
 
     # -- on the compute thread ----------------------------------------------------------------
 
