@@ -72,12 +72,14 @@ def test_forced_tool_choice_and_a_format_conflict() -> None:
         requests_common.constrain(params(tools=(ToolSpec(name="t"),), tool_choice="required"), {"type": "json_object"})
 
 
-def test_schemas_are_closed_for_calls_and_strict_formats() -> None:
+def test_schemas_are_closed_unless_they_allow_extra_keys() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"enum": [1]}}}}}
     shut = closed(schema)
     assert shut["additionalProperties"] is False and shut["properties"]["a"]["additionalProperties"] is False
     assert "additionalProperties" not in schema  # the caller's schema is not modified
-    assert format_schema({"type": "json_schema", "schema": schema, "strict": False}) == schema
+    assert format_schema({"type": "json_schema", "schema": schema, "strict": False}) == shut
+    keeps = {"type": "object", "additionalProperties": True}
+    assert format_schema({"type": "json_schema", "schema": keeps}) == keeps
     assert format_schema({"type": "json_object"}) == {"type": "object"}
     one = call_schema([WEATHER, ADD], "add")
     assert one["properties"]["name"] == {"const": "add"}

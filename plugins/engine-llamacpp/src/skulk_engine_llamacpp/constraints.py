@@ -12,8 +12,8 @@ can mask every token that would break a grammar, so the answer is valid by const
   the tool's own schema.
 * The in-process backend (llama-cpp-python) takes GBNF, from its own JSON-schema converter.
 
-Schemas are made *closed* for calls and strict formats (``additionalProperties: false`` where the
-schema leaves it open), and compact (no free whitespace, which a small model can spend its whole
+Schemas are made *closed* (``additionalProperties: false`` where the schema does not say), and
+compact (no free whitespace, which a small model can spend its whole
 budget on).
 """
 
@@ -53,8 +53,14 @@ def parse_tool_choice(raw: str | None) -> Constraint:
     return Constraint(tool_choice=doc.get("tool_choice"), response_format=doc.get("response_format"))
 
 
+#: I-JSON's interoperable integer range (RFC 7493): the bound an unbounded integer gets, so a
+#: small model cannot write digits until max_tokens cuts the JSON off
+SAFE_INTEGER = 2**53 - 1
+
+
 def closed(schema: Any) -> Any:
-    """A copy where every object schema that does not say otherwise allows no extra keys."""
+    """A copy where every object schema that does not say otherwise allows no extra keys, and every
+    integer without bounds stays within the interoperable range."""
     if isinstance(schema, list):
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -65,15 +71,23 @@ def closed(schema: Any) -> Any:
     is_object = out.get("type") == "object" or "properties" in out
     if is_object and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") == "integer":
+        out.setdefault("minimum", -SAFE_INTEGER)
+        out.setdefault("maximum", SAFE_INTEGER)
     return out
 
 
 def format_schema(fmt: dict[str, Any]) -> dict[str, Any]:
-    """The schema a response format asks for (``json_object``: any JSON object)."""
+    """The schema a response format asks for (``json_object``: any JSON object).
+
+    Closed in strict mode and not: JSON Schema lets an object without ``additionalProperties``
+    carry any extra keys, and a small model given that freedom invents keys until max_tokens cuts
+    the JSON off. Without extra keys the answer still validates; a schema that wants them says
+    so (``additionalProperties: true`` or a schema), and keeps them.
+    """
     if fmt.get("type") == "json_object":
         return {"type": "object"}
-    schema = dict(fmt.get("schema") or {})
-    return closed(schema) if fmt.get("strict") else schema
+    return closed(dict(fmt.get("schema") or {}))
 
 
 def call_schema(tools: list[dict[str, Any]], only: str | None = None) -> dict[str, Any]:
