@@ -101,12 +101,7 @@ class Nodes:
     def start(self, name: str, *args: str, cluster: bool = False, llama: bool = False, **extra: str) -> NodeProcess:
         profile = self.llama if llama else self.member if cluster else self.solo
         node = start_node(
-            str(profile),
-            "--node-name",
-            name,
-            *args,
-            home=self.tmp / name / "home",
-            env=self.env(name, **extra),
+            str(profile), "--node-name", name, *args, home=self.tmp / name / "home", env=self.env(name, **extra)
         )
         self.started.append(node)
         return node

@@ -106,16 +106,23 @@ def test_offline_node_never_reaches_the_hub_and_serves_what_it_has(nodes: Nodes)
     assert _installed(offline, REPO)  # what it holds is still its own
     time.sleep(1.0)
     assert len(nodes.hub.requests) == served, nodes.hub.requests[served:]
-    _assert_only_loopback(offline.pid())
+    _assert_only_loopback(offline.pid(), member_addresses(offline))
 
 
-def _assert_only_loopback(pid: int) -> None:
+def member_addresses(node) -> set[str]:
+    """Every address a member of the node's cluster (itself included) reports in NodeResources."""
+    return {a for r in node.state()["nodeResources"].values() for a in r.get("addresses", [])}
+
+
+def _assert_only_loopback(pid: int, members: set[str]) -> None:
+    """Every connection of the node's process tree goes to loopback or to a member."""
     import psutil
 
     proc = psutil.Process(pid)
     for conn in [*proc.net_connections(kind="inet"), *(c for p in proc.children(True) for c in p.net_connections())]:
         if conn.raddr:
-            assert conn.raddr.ip.startswith("127.") or conn.raddr.ip == "::1", conn
+            ip = conn.raddr.ip
+            assert ip.startswith("127.") or ip == "::1" or ip in members, (conn, members)
 
 
 def test_client_errors_are_plain(nodes: Nodes) -> None:

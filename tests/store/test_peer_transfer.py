@@ -1,9 +1,9 @@
 """Peer transfer between real nodes: the model crosses the (loopback) hub once.
 
 A downloads it from the hub; the planner prefers A (files present); placed on B, B stages it by
-copying from A; C, asked to fetch it, copies from A and B at once; a fourth node fetching while one holder's copy has
-a flipped byte detects it by SHA-256 and fetches the file again. The hub's access log shows one
-download until that damaged copy is the only one left.
+copying from A; C (started `--offline`), asked to fetch it, copies from A and B at once; with one
+flipped byte in the only remaining copy, a fourth node detects it by SHA-256 and fetches the file
+again. The hub's access log shows one download until that damaged copy is the only one left.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from .conftest import GGUF, REPO, Nodes, wait
+from .test_downloads import _assert_only_loopback, member_addresses
 
 
 def _sha(path: Path) -> str:
@@ -41,7 +42,7 @@ def test_model_crosses_the_hub_once(nodes: Nodes, smollm2_gguf: Path) -> None:
     want = _sha(smollm2_gguf)
     a = nodes.start("a", llama=True).wait_api()
     b = nodes.start("b", llama=True).wait_api()
-    c = nodes.start("c", llama=True).wait_api()
+    c = nodes.start("c", "--offline", llama=True).wait_api()  # offline: peers only, never the hub
     ids = {name: node.get("/node_id").json() for name, node in (("a", a), ("b", b), ("c", c))}
     wait(lambda: all(len(n.state()["topology"]["nodes"]) == 3 for n in (a, b, c)), 90, "a three-node cluster")
 
@@ -76,6 +77,7 @@ def test_model_crosses_the_hub_once(nodes: Nodes, smollm2_gguf: Path) -> None:
     assert sum(sources.values()) == smollm2_gguf.stat().st_size
     assert _sha(_model_file(nodes, "c")) == want
     assert nodes.hub.repos[REPO].downloads == 1
+    _assert_only_loopback(c.pid(), member_addresses(c))  # loopback and members only
 
     # one flipped byte in B's copy, and B the only holder left: D detects the damage by SHA-256,
     # tries B alone once more, then fetches the file again from the hub

@@ -26,14 +26,17 @@ import asyncio
 import logging
 import os
 import queue
+import re
 import secrets
 import shutil
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlparse
 
 from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -63,12 +66,35 @@ class Grant:
 
 @dataclass
 class PeerServer:
-    """The holder's half: tokens and what has been served (bytes per requester)."""
+    """The holder's half: tokens, the file server, and what has been served (bytes per requester)."""
 
     node: NodeSurface
     store: LocalModelStore
     grants: dict[str, Grant] = field(default_factory=dict)
     served: Counter[str] = field(default_factory=Counter)
+    data_port: int | None = None
+    _http: Any = None
+
+    def start(self, host: str) -> None:
+        """The file server: its own port, a thread per connection, `sendfile` for the bytes (the
+        API's ASGI stack copies every block through Python; this keeps a copy near the wire)."""
+        from http.server import ThreadingHTTPServer
+
+        peer = self
+
+        class Handler(_FileHandler):
+            owner = peer
+
+        self._http = ThreadingHTTPServer((host, 0), Handler)
+        self._http.daemon_threads = True
+        self.data_port = int(self._http.server_address[1])
+        threading.Thread(target=self._http.serve_forever, name="store-peer-files", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
 
     async def grant(self, model_id: str, requester: str, stream: str) -> tuple[int, dict[str, Any]]:
         now = time.monotonic()
@@ -87,7 +113,7 @@ class PeerServer:
         await self.node.send_chunk(requester, TokenChunk(command_id=stream, seq=0, text=token, finish_reason="stop"))
         folder = self.store.folder(model_id)
         files = {name: {"size": (folder / name).stat().st_size, "sha256": digest} for name, digest in manifest.items()}
-        return 200, {"node_id": self.node.node_id, "model_id": model_id, "files": files}
+        return 200, {"node_id": self.node.node_id, "model_id": model_id, "files": files, "data_port": self.data_port}
 
     def authorize(self, token: str, model_id: str) -> Grant | None:
         grant = self.grants.get(token)
@@ -139,6 +165,51 @@ def add_peer_routes(app: Any, node: NodeSurface) -> None:
         path = peer.store.folder(model_id) / file
         peer.served[grant.requester] += _range_length(request.headers.get("range"), path.stat().st_size)
         return FileResponse(path, media_type="application/octet-stream")
+
+
+class _FileHandler(BaseHTTPRequestHandler):
+    """`GET /files/{model_id}?file=NAME` with a Bearer token and a Range: 206 by sendfile."""
+
+    owner: PeerServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _refuse(self, status: int, message: str) -> None:
+        data = message.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        model_id = unquote(url.path.removeprefix("/files/"))
+        name = (parse_qs(url.query).get("file") or [""])[0]
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        grant = self.owner.authorize(token, model_id)
+        if grant is None:
+            return self._refuse(403, "no valid transfer token for this model")
+        if name not in self.owner.store.manifest(model_id):
+            return self._refuse(404, f"{name!r} is not a file of {model_id}")
+        path = self.owner.store.folder(model_id) / name
+        size = path.stat().st_size
+        start, end = 0, size - 1
+        m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        if m:
+            start, end = int(m[1]), min(int(m[2]) if m[2] else size - 1, size - 1)
+        if start > end:
+            return self._refuse(416, "range outside the file")
+        self.send_response(206 if m else 200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start + 1))
+        if m:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        with open(path, "rb") as f:
+            self.connection.sendfile(f, start, end - start + 1)
+        self.owner.served[grant.requester] += end - start + 1
 
 
 def _range_length(header: str | None, size: int) -> int:
@@ -204,7 +275,13 @@ class PeerFetcher:
                     log.info("peer %s refused %s: %s", holder, model_id, answer.text[:200])
                     return None
                 token = asyncio.run_coroutine_threadsafe(_first_text(stream), self.loop).result(20)
-                return Source(holder, url, token, dict(answer.json()["files"]))
+                granted = answer.json()
+                base = url
+                if granted.get("data_port"):  # the holder's sendfile server, same address
+                    base = f"{url.rsplit(':', 1)[0]}:{granted['data_port']}/files"
+                else:
+                    base = f"{url}/store/peer/files"
+                return Source(holder, base, token, dict(granted["files"]))
             return None
         except Exception as exc:
             log.info("no token from peer %s for %s: %s", holder, model_id, exc)
@@ -352,7 +429,7 @@ class PeerFetcher:
     @staticmethod
     def _range(client: Any, src: Source, model_id: str, name: str, start: int, end: int, fd: int) -> int:
         headers = {"Authorization": f"Bearer {src.token}", "Range": f"bytes={start}-{end}"}
-        url = f"{src.base_url}/store/peer/files/{model_id}"
+        url = f"{src.base_url}/{model_id}"
         offset = start
         with client.stream("GET", url, params={"file": name}, headers=headers) as response:
             if response.status_code != 206:

@@ -91,3 +91,10 @@ def on_state_synced(node: NodeSurface, after: State) -> None:
     service = node.extensions.get("store-service")
     if service is not None:
         service.on_synced(after)
+
+
+@hookimpl
+def shutdown(node: NodeSurface) -> None:
+    service = node.extensions.get("store-service")
+    if service is not None:
+        service.stop()

@@ -54,6 +54,7 @@ class StoreService:
         from .peer import PeerFetcher, PeerServer
 
         self.peer_server = PeerServer(self.node, self.store)
+        self.peer_server.start(self.node.options.api_host)
         self.node.extensions["store-peer"] = self.peer_server
         self.fetcher = PeerFetcher(self.node, self._loop)
         store = self.store
@@ -64,6 +65,9 @@ class StoreService:
         for card in self.store.downloads.pending():
             log.info("resuming the interrupted download of %s", card.model_id)
             self.download_in_background(card.model_id, card)
+
+    def stop(self) -> None:
+        self.peer_server.stop()
 
     def publish_inventory(self) -> None:
         """The models held here go out with the next `NodeResources` reading (`models_present`)."""
