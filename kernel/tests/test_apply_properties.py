@@ -20,6 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
+from skulk_testing.recording import RecordingPlugin
+from skulk_testing.strategies import StrategyBuilder, events, indexed_logs, union_members
+
 from skulk_kernel import codec
 from skulk_kernel import events as ev
 from skulk_kernel.apply import OutOfOrderEvent, _apply_event, apply, replay
@@ -45,8 +48,6 @@ from skulk_kernel.state import (
     Topology,
 )
 from skulk_kernel.tasks import ChatMessage, TextGenerationParams, TextGenerationTask
-from skulk_testing.recording import RecordingPlugin
-from skulk_testing.strategies import StrategyBuilder, events, indexed_logs, union_members
 
 EVENT = TypeAdapter(Event)
 POOLED = StrategyBuilder(ids=["a", "b", "c"])  # ids collide, so events hit existing entries
@@ -393,11 +394,7 @@ def test_golden_instances_and_runners() -> None:
     )
     state = log.state()
     assert set(state.instances) == {"i1", "i2"}
-    assert state.runners == {
-        "r1": RunnerReady(),
-        "r2": RunnerReady(),
-        "r3": RunnerFailed(error_message="boom"),
-    }
+    assert state.runners == {"r1": RunnerReady(), "r2": RunnerReady(), "r3": RunnerFailed(error_message="boom")}
 
     log.add(
         ev.InstanceDeleted(instance_id="i1", reason="user"),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from skulk_kernel.plugins import installed_plugins, kernel_version
 
 HEAVY = ("torch", "mlx", "vllm", "llama_cpp", "zenoh", "libp2p", "fastapi", "uvicorn", "numpy")

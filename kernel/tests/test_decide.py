@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from skulk_kernel.api import (
     COMMAND_TYPES,
     AddCustomModelCard,

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from skulk_kernel import hookspecs
 from skulk_kernel.profiles import bundled_profile_names, parse_profile
 

@@ -15,6 +15,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from skulk_kernel.eventlog import ACTIVE_NAME, EventLog, EventLogStatus, iter_records
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from skulk_kernel import hookspecs
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"

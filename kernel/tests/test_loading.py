@@ -15,6 +15,8 @@ from typing import Any
 
 import pluggy
 import pytest
+from skulk_testing.recording import HookBoom, RecordingPlugin
+
 from skulk_kernel import hookimpl
 from skulk_kernel.events import IndexedEvent, NodeJoined
 from skulk_kernel.hooks import GuardedHooks
@@ -30,7 +32,6 @@ from skulk_kernel.plugins import (
 )
 from skulk_kernel.profiles import Profile, load_profile
 from skulk_kernel.telemetry import NodeResources
-from skulk_testing.recording import HookBoom, RecordingPlugin
 
 PLUGIN_SOURCE = """
 from skulk_kernel import hookimpl

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from skulk_testing.conformance import Inbox, TransportConformance
+
 from skulk_kernel.topics import Topic
 from skulk_kernel.transport_local import LocalTransport
-from skulk_testing.conformance import Inbox, TransportConformance
 
 
 class TestLocalTransport(TransportConformance):

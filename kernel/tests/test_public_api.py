@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from skulk_kernel import api, hookimpl
 from skulk_kernel.node import Node
 from skulk_kernel.plugins import PluginLoadError, new_plugin_manager, register_plugin
