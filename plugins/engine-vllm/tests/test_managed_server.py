@@ -58,8 +58,14 @@ def stubborn_spec(run_dir: Path, key: str = "stubborn") -> ServerSpec:
         "runpy.run_module('http.server', run_name='__main__')"
     )
     return ServerSpec(
-        name="stubborn", argv=[sys.executable, "-c", code], port=port, run_dir=run_dir, key=key,
-        health_path="/", stop_grace_s=1.0, ready_timeout_s=30,
+        name="stubborn",
+        argv=[sys.executable, "-c", code],
+        port=port,
+        run_dir=run_dir,
+        key=key,
+        health_path="/",
+        stop_grace_s=1.0,
+        ready_timeout_s=30,
     )
 
 
@@ -85,8 +91,13 @@ def llama(smollm2_gguf: Path, tmp_path: Path) -> Iterator[tuple[ManagedServer, O
     server = ManagedServer(llama_spec(smollm2_gguf, tmp_path), on_exit=exits.append)
     server.start()
     session = OpenAIServerSession(
-        server.base_url, "smollm2", tag="llama_server-cpu", engine_label="llama.cpp",
-        counter=LlamaServerCounter(), alive=lambda: server.exit_reason, close=server.stop,
+        server.base_url,
+        "smollm2",
+        tag="llama_server-cpu",
+        engine_label="llama.cpp",
+        counter=LlamaServerCounter(),
+        alive=lambda: server.exit_reason,
+        close=server.stop,
     )
     try:
         yield server, session
@@ -116,7 +127,7 @@ def test_max_tokens_ends_with_length(llama: tuple[ManagedServer, OpenAIServerSes
 
 
 def test_cancel_closes_the_request_and_frees_the_slot(llama: tuple[ManagedServer, OpenAIServerSession]) -> None:
-    server, session = llama
+    _server, session = llama
     seen = 0
     flag = {"on": False}
     started = time.monotonic()
@@ -182,9 +193,7 @@ def test_kill_9_is_recorded_with_the_reason(llama: tuple[ManagedServer, OpenAISe
     assert len(chunks) == 1 and isinstance(chunks[0], ErrorChunk) and "SIGKILL" in chunks[0].message
 
 
-def test_kill_9_mid_stream_ends_the_stream_with_the_reason(
-    llama: tuple[ManagedServer, OpenAIServerSession],
-) -> None:
+def test_kill_9_mid_stream_ends_the_stream_with_the_reason(llama: tuple[ManagedServer, OpenAIServerSession]) -> None:
     server, session = llama
     chunks = []
     for chunk in session.generate("c6", params("Count from one to two hundred in words.", 400), lambda: False):

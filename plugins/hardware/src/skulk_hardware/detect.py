@@ -8,12 +8,13 @@ kept in ``NodeHardware.errors`` so the doctor can say why.
 
 from __future__ import annotations
 
+import importlib
 import json
 import platform
 import subprocess
 import sys
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def read_nvml(nvml: Any = None) -> tuple[list[GpuFacts], str | None, str | None]
     it lazily. Raises when NVML cannot start (no driver, no library): the caller records why.
     """
     if nvml is None:
-        import pynvml as nvml  # nvidia-ml-py; loads libnvidia-ml.so only in nvmlInit
+        nvml = importlib.import_module("pynvml")  # nvidia-ml-py; loads libnvidia-ml.so only in nvmlInit
     nvml.nvmlInit()
     try:
         driver = _nvml_or_none(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
@@ -49,12 +50,12 @@ def read_nvml(nvml: Any = None) -> tuple[list[GpuFacts], str | None, str | None]
         gpus = []
         for index in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(index)
-            mem = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
-            util = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetUtilizationRates(h))
-            temp = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
-            power_mw = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetPowerUsage(h))
-            cc = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetCudaComputeCapability(h))
-            pci = _nvml_or_none(lambda h=h: nvml.nvmlDeviceGetPciInfo(h))
+            mem = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetMemoryInfo(h), h))
+            util = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetUtilizationRates(h), h))
+            temp = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), h))
+            power_mw = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetPowerUsage(h), h))
+            cc = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetCudaComputeCapability(h), h))
+            pci = _nvml_or_none(partial(lambda h: nvml.nvmlDeviceGetPciInfo(h), h))
             gpus.append(
                 GpuFacts(
                     index=index,
@@ -98,7 +99,7 @@ def _int(path: Path) -> int | None:
 def read_amd_sysfs(root: Path = Path("/")) -> list[GpuFacts]:
     """AMD GPUs from ``<root>/sys/class/drm/card*/device`` (amdgpu's files; root injectable)."""
     drm = root / "sys" / "class" / "drm"
-    gpus = []
+    gpus: list[GpuFacts] = []
     cards = sorted((p for p in drm.glob("card*") if p.name[4:].isdigit()), key=lambda p: int(p.name[4:]))
     for card in cards:
         dev = card / "device"
@@ -136,7 +137,7 @@ def read_system_profiler(profiler_json: str) -> tuple[list[GpuFacts], str | None
     data = json.loads(profiler_json)
     hardware = (data.get("SPHardwareDataType") or [{}])[0]
     chip = hardware.get("chip_type") or hardware.get("cpu_type")
-    gpus = []
+    gpus: list[GpuFacts] = []
     for entry in data.get("SPDisplaysDataType") or ():
         vendor_raw = str(entry.get("spdisplays_vendor", "")).lower()
         model = str(entry.get("sppci_model") or entry.get("_name") or "GPU")
@@ -194,7 +195,9 @@ def xllamacpp_devices() -> tuple[dict[str, Any], ...]:
         return ()
 
 
-def engine_builds(builds: dict[str, str], os_name: str, arch: str, llama_devices: list[dict[str, Any]]) -> list[EngineBuild]:
+def engine_builds(
+    builds: dict[str, str], os_name: str, arch: str, llama_devices: list[dict[str, Any]]
+) -> list[EngineBuild]:
     """Engine builds from the engines' own ``facts["engine_builds"]`` and their device lists."""
     out = []
     for key, build in sorted(builds.items()):

@@ -90,7 +90,12 @@ REGISTRY: list[Check] = []
 
 
 def check(
-    name: str, title: str, what: str, remediation: str, fix: Callable[[DoctorContext], str] | None = None, fix_what: str = ""
+    name: str,
+    title: str,
+    what: str,
+    remediation: str,
+    fix: Callable[[DoctorContext], str] | None = None,
+    fix_what: str = "",
 ) -> Callable[[Callable[[DoctorContext], CheckResult]], Callable[[DoctorContext], CheckResult]]:
     def add(func: Callable[[DoctorContext], CheckResult]) -> Callable[[DoctorContext], CheckResult]:
         REGISTRY.append(Check(name, title, what, remediation, func, fix, fix_what))
@@ -139,7 +144,9 @@ def check_plugins(ctx: DoctorContext) -> CheckResult:
         build_plugin_manager(profile)
     except (ProfileError, PluginLoadError) as exc:
         return _r("plugins", "fail", str(exc), "install the missing plugin, or use `--profile` with one that is")
-    return _r("plugins", "ok", f"profile {profile.name}: {len(profile.plugins)} plugins load", plugins=list(profile.plugins))
+    return _r(
+        "plugins", "ok", f"profile {profile.name}: {len(profile.plugins)} plugins load", plugins=list(profile.plugins)
+    )
 
 
 def _profile_engines(ctx: DoctorContext) -> dict[str, Any]:
@@ -162,8 +169,12 @@ def check_engines(ctx: DoctorContext) -> CheckResult:
     except Exception as exc:
         return _r("engines", "skip", f"the profile does not load ({exc}); see the plugins check")
     if not engines:
-        return _r("engines", "warn", f"profile {ctx.profile} registers no engine: this node serves no model",
-                  "add an engine plugin to the profile, or run it with --no-worker on purpose")  # fmt: skip
+        return _r(
+            "engines",
+            "warn",
+            f"profile {ctx.profile} registers no engine: this node serves no model",
+            "add an engine plugin to the profile, or run it with --no-worker on purpose",
+        )
     probes = {}
     for name, engine in sorted(engines.items()):
         try:
@@ -206,23 +217,40 @@ def check_gpu(ctx: DoctorContext) -> CheckResult:
     hw = probe_hardware(builds, nvml=ctx.nvml)
     tags = derive_backends(hw)
     if ctx.nvidia_driver_present and "nvml" in hw.errors:
-        return _r("gpu", "fail", f"the NVIDIA driver is loaded but NVML fails: {hw.errors['nvml']}",
-                  "reboot after a driver upgrade, or reinstall the driver (nvidia-smi must work)")  # fmt: skip
+        return _r(
+            "gpu",
+            "fail",
+            f"the NVIDIA driver is loaded but NVML fails: {hw.errors['nvml']}",
+            "reboot after a driver upgrade, or reinstall the driver (nvidia-smi must work)",
+        )
     blind = [g for g in hw.gpus if g.source in ("nvml", "sysfs") and g.vram_total_bytes is None]
     if blind:
-        return _r("gpu", "fail", f"{blind[0].model} does not report its memory",
-                  "check the driver (nvidia-smi / rocm-smi); placement cannot admit models to it")  # fmt: skip
+        return _r(
+            "gpu",
+            "fail",
+            f"{blind[0].model} does not report its memory",
+            "check the driver (nvidia-smi / rocm-smi); placement cannot admit models to it",
+        )
     gpus = [g.model_dump(exclude_none=True) for g in hw.gpus]
     if not hw.gpus:
         return _r("gpu", "ok", f"no GPU: a CPU node (backends {tags})", backends=tags)
     conflicts = find_conflicts(hw)
     summary = "; ".join(
-        f"{g.model}" + (f" {g.vram_free_bytes / GiB:.1f}/{g.vram_total_bytes / GiB:.1f} GiB free" if g.vram_total_bytes else "")
+        f"{g.model} {(g.vram_free_bytes or 0) / GiB:.1f}/{g.vram_total_bytes / GiB:.1f} GiB free"
+        if g.vram_total_bytes
+        else g.model
         for g in hw.gpus
     )
     if conflicts:
-        return _r("gpu", "warn", f"{summary}; " + "; ".join(conflicts), " / ".join(conflicts.values()),
-                  gpus=gpus, conflicts=conflicts, backends=tags)  # fmt: skip
+        return _r(
+            "gpu",
+            "warn",
+            f"{summary}; " + "; ".join(conflicts),
+            " / ".join(conflicts.values()),
+            gpus=gpus,
+            conflicts=conflicts,
+            backends=tags,
+        )
     return _r("gpu", "ok", f"{summary}; backends {tags}", gpus=gpus, backends=tags)
 
 
@@ -262,8 +290,12 @@ def check_ports(ctx: DoctorContext) -> CheckResult:
     if _is_skulk(ctx):
         return _r("ports", "ok", f"port {ctx.api_port} is held by a running Skulk node")
     owner = _port_owner(ctx.api_port)
-    return _r("ports", "fail", f"port {ctx.api_port} is held by {owner}, which is not a Skulk node",
-              f"stop {owner} or run `skulk-kernel run --api-port <another>`")  # fmt: skip
+    return _r(
+        "ports",
+        "fail",
+        f"port {ctx.api_port} is held by {owner}, which is not a Skulk node",
+        f"stop {owner} or run `skulk-kernel run --api-port <another>`",
+    )
 
 
 def _stale_staging(ctx: DoctorContext) -> list[Path]:
@@ -287,8 +319,7 @@ def _fix_disk(ctx: DoctorContext) -> str:
     "Disk space",
     "The models directory and SKULK_HOME have room (warn under 5 GiB, fail under 1 GiB); "
     "abandoned staging folders of interrupted downloads are counted.",
-    "Free space there, or point SKULK_MODELS_DIR at a bigger disk; `doctor --fix` removes "
-    "abandoned staging folders.",
+    "Free space there, or point SKULK_MODELS_DIR at a bigger disk; `doctor --fix` removes abandoned staging folders.",
     fix=_fix_disk,
     fix_what="removes `.staging-*` folders older than an hour in the models directory",
 )
@@ -309,8 +340,13 @@ def check_disk(ctx: DoctorContext) -> CheckResult:
     if free < ctx.fail_free_disk_bytes:
         return _r("disk", "fail", text, f"free space at {where} or set SKULK_MODELS_DIR", free_bytes=free)
     if free < ctx.min_free_disk_bytes or stale:
-        return _r("disk", "warn", text, f"free space at {where}; `skulk-kernel doctor --fix` removes staging leftovers",
-                  free_bytes=free)  # fmt: skip
+        return _r(
+            "disk",
+            "warn",
+            text,
+            f"free space at {where}; `skulk-kernel doctor --fix` removes staging leftovers",
+            free_bytes=free,
+        )
     return _r("disk", "ok", text, free_bytes=free)
 
 
@@ -387,19 +423,32 @@ def check_multicast(ctx: DoctorContext) -> CheckResult:
         addrs = psutil.net_if_addrs().get(ctx.interface, [])
         ipv4 = next((a.address for a in addrs if a.family == socket.AF_INET), None)
         if ipv4 is None:
-            return _r("multicast", "fail", f"interface {ctx.interface} does not exist or has no IPv4 address",
-                      "name an existing interface, or join nodes with --bootstrap-peers")  # fmt: skip
+            return _r(
+                "multicast",
+                "fail",
+                f"interface {ctx.interface} does not exist or has no IPv4 address",
+                "name an existing interface, or join nodes with --bootstrap-peers",
+            )
         found: tuple[str, str] | None = (ctx.interface, ipv4)
     else:
         found = lan_interface()
     if found is None:
-        return _r("multicast", "skip", "no non-loopback interface is up: nodes on this host find each other over "
-                  "loopback; other hosts need --bootstrap-peers")  # fmt: skip
+        return _r(
+            "multicast",
+            "skip",
+            "no non-loopback interface is up: nodes on this host find each other over "
+            "loopback; other hosts need --bootstrap-peers",
+        )
     name, ipv4 = found
     if multicast_roundtrip(ipv4):
         return _r("multicast", "ok", f"{name} ({ipv4}) sends and receives on {MULTICAST_GROUP}", interface=name)
-    return _r("multicast", "fail", f"{name} ({ipv4}) did not receive its own multicast datagram",
-              "enable multicast on the interface/switch, or join nodes with --bootstrap-peers", interface=name)  # fmt: skip
+    return _r(
+        "multicast",
+        "fail",
+        f"{name} ({ipv4}) did not receive its own multicast datagram",
+        "enable multicast on the interface/switch, or join nodes with --bootstrap-peers",
+        interface=name,
+    )
 
 
 def _member_urls(ctx: DoctorContext) -> dict[str, str]:
@@ -446,8 +495,11 @@ def check_clock(ctx: DoctorContext) -> CheckResult:
     import httpx
 
     if not _is_skulk(ctx):
-        return _r("clock", "skip", f"no node answers on {ctx.api_host}:{ctx.api_port}: start one to compare its "
-                  "members' clocks")  # fmt: skip
+        return _r(
+            "clock",
+            "skip",
+            f"no node answers on {ctx.api_host}:{ctx.api_port}: start one to compare its members' clocks",
+        )
     try:
         urls = _member_urls(ctx)
     except (httpx.HTTPError, ValueError) as exc:
@@ -464,8 +516,14 @@ def check_clock(ctx: DoctorContext) -> CheckResult:
     worst = max(offsets.items(), key=lambda kv: abs(kv[1]))
     text = f"{len(offsets)} member(s); largest offset {worst[1]:+.3f} s ({worst[0]})"
     if abs(worst[1]) > ctx.max_skew_s:
-        return _r("clock", "warn", text, "run an NTP client (timedatectl set-ntp true, chrony) on every host",
-                  offsets=offsets, unreachable=unreachable)  # fmt: skip
+        return _r(
+            "clock",
+            "warn",
+            text,
+            "run an NTP client (timedatectl set-ntp true, chrony) on every host",
+            offsets=offsets,
+            unreachable=unreachable,
+        )
     return _r("clock", "ok", text, offsets=offsets, unreachable=unreachable)
 
 

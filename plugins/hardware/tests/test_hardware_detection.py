@@ -17,7 +17,9 @@ CUDA_DEVICES = [*CPU_DEVICES, {"name": "CUDA0", "description": "NVIDIA GeForce R
 
 
 def linux(nvml: str, builds: dict[str, str], devices: list[dict[str, str]] = CPU_DEVICES, root: Path = EMPTY_SYSFS):
-    return probe_hardware(builds, nvml=RecordedNvml(nvml), sysfs_root=root, llama_devices=devices, os_name="Linux", arch="x86_64")
+    return probe_hardware(
+        builds, nvml=RecordedNvml(nvml), sysfs_root=root, llama_devices=devices, os_name="Linux", arch="x86_64"
+    )
 
 
 def test_no_gpu_is_a_cpu_node_with_the_reason_kept() -> None:
@@ -30,7 +32,9 @@ def test_no_gpu_is_a_cpu_node_with_the_reason_kept() -> None:
 
 def test_one_nvidia_gpu_every_reading() -> None:
     nvml = RecordedNvml("nvml-one-4090.json")
-    hw = probe_hardware(XLLAMACPP_CPU, nvml=nvml, sysfs_root=EMPTY_SYSFS, llama_devices=CPU_DEVICES, os_name="Linux", arch="x86_64")
+    hw = probe_hardware(
+        XLLAMACPP_CPU, nvml=nvml, sysfs_root=EMPTY_SYSFS, llama_devices=CPU_DEVICES, os_name="Linux", arch="x86_64"
+    )
     assert nvml.initialised == 0  # shut down again
     (gpu,) = hw.gpus
     assert gpu.model == "NVIDIA GeForce RTX 4090" and gpu.vendor == "nvidia" and gpu.source == "nvml"
@@ -105,9 +109,10 @@ def test_apple_from_system_profiler() -> None:
     assert derive_backends(hw) == ["llama_server-cpu", "llama_server-metal", "mlx-metal"]
     assert find_conflicts(hw) == {}
     cpu_llama = tuple(b.model_copy(update={"computes": ("cpu",)}) for b in hw.builds if b.engine != "mlx")
-    assert "pip install -e plugins/engine-mlx" in find_conflicts(hw.model_copy(update={"builds": cpu_llama}))[
-        "apple_gpu_without_mlx"
-    ]
+    assert (
+        "pip install -e plugins/engine-mlx"
+        in find_conflicts(hw.model_copy(update={"builds": cpu_llama}))["apple_gpu_without_mlx"]
+    )
 
 
 def test_an_override_that_contradicts_the_hardware() -> None:

@@ -48,9 +48,12 @@ def test_docs_page_is_generated_from_the_registry() -> None:
 def test_cli_json_on_this_machine_reports_every_check_and_exits_0(tmp_path: Path) -> None:
     env = {**os.environ, "SKULK_PROFILE": "auto", "SKULK_HOME": str(tmp_path), "SKULK_API_PORT": str(free_port())}
     out = subprocess.run(
-        [sys.executable, "-m", "skulk_kernel.cli", "doctor", "--json"], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "skulk_kernel.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=240,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads(out.stdout)
     assert [r["check"] for r in results] == [c.name for c in REGISTRY]
@@ -82,7 +85,9 @@ class _Unusable:
     name = "broken"
 
     def probe(self) -> EngineProbe:
-        return EngineProbe(available=False, reason="the vLLM cpu venv is not installed: run `skulk-kernel engines install vllm`")
+        return EngineProbe(
+            available=False, reason="the vLLM cpu venv is not installed: run `skulk-kernel engines install vllm`"
+        )
 
 
 def test_engines_none_usable(tmp_path: Path) -> None:
@@ -145,7 +150,9 @@ class _Member(BaseHTTPRequestHandler):
         if self.path == "/node_id":
             body: Any = "node-a"
         elif self.path == "/state":
-            body = {"nodeResources": {"node-a": {"apiAvailable": True, "apiPort": self.port, "addresses": ["127.0.0.1"]}}}
+            body = {
+                "nodeResources": {"node-a": {"apiAvailable": True, "apiPort": self.port, "addresses": ["127.0.0.1"]}}
+            }
         elif self.path == "/v1/diagnostics/clock":
             body = {"unixTime": time.time() + self.skew}
         else:

@@ -1,0 +1,69 @@
+"""The plugin contract, and the pure parts of the engine (command line, memory fraction, tags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from skulk_engine_vllm.engine import (
+    MAX_CONTEXT,
+    VllmEngine,
+    capped_context,
+    gpu_memory_fraction,
+    reservation_bytes,
+    server_command,
+    tool_parser,
+)
+from skulk_engine_vllm.models import SMOLLM2_CARD
+from skulk_testing.conformance import PluginConformance
+
+GiB = 1024**3
+
+
+class TestVllmPlugin(PluginConformance):
+    plugin_name = "engine-vllm"
+
+
+BIG = SMOLLM2_CARD.model_copy(
+    update={"model_id": "org/big", "context_length": 131072, "storage_size": 16 * GiB, "family": "qwen2",
+            "num_key_value_heads": 8, "n_layers": 28, "sections": {"runtime": {"head_dim": 128}}}
+)  # fmt: skip
+
+
+def test_context_is_capped_at_32768() -> None:
+    assert capped_context(BIG) == MAX_CONTEXT == 32768
+    assert capped_context(SMOLLM2_CARD) == 8192
+    argv, _ = server_command(Path("/py"), Path("/m"), BIG, "cuda", 8000, {"vram_total_bytes": 80 * GiB})
+    assert argv[argv.index("--max-model-len") + 1] == "32768"
+
+
+def test_gpu_fraction_comes_from_the_reservation() -> None:
+    reserved = reservation_bytes(BIG)
+    # 16 GiB x 1.25 + KV(32k x 28 layers x 8 heads x 128 x 2 x 2 B = 3.5 GiB) + 256 MiB
+    assert abs(reserved / GiB - (20 + 3.5 + 0.25)) < 0.01
+    assert gpu_memory_fraction(reserved, 80 * GiB) == round(reserved / (80 * GiB), 3)
+    assert gpu_memory_fraction(reserved, 16 * GiB) == 0.95  # clamped: vLLM will refuse, loudly
+    argv, env = server_command(Path("/py"), Path("/m"), BIG, "cuda", 8000, {"vram_total_bytes": 80 * GiB})
+    assert float(argv[argv.index("--gpu-memory-utilization") + 1]) == gpu_memory_fraction(reserved, 80 * GiB)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and "--dtype" not in argv
+
+
+def test_cpu_command_carries_the_facts_workarounds() -> None:
+    argv, env = server_command(Path("/venv/bin/python"), Path("/m"), SMOLLM2_CARD, "cpu", 8123, {})
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "--gpu-memory-utilization" not in argv
+
+
+def test_tool_parser_per_family_and_card() -> None:
+    assert tool_parser(BIG) == "hermes"
+    assert tool_parser(SMOLLM2_CARD) == "hermes"  # the card's [tooling] overrides the llama family
+    assert tool_parser(BIG.model_copy(update={"family": "llama"})) == "llama3_json"
+    argv, _ = server_command(Path("/py"), Path("/m"), SMOLLM2_CARD, "cpu", 1, {})
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+
+
+def test_no_cuda_tag_without_an_nvidia_gpu() -> None:
+    tags = VllmEngine().backend_tags({"gpus": []})
+    assert "vllm-cuda" not in tags
