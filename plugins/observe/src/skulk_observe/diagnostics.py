@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from skulk_kernel.api import NodeSurface
 
@@ -190,7 +191,7 @@ def local_spans(node: NodeSurface, trace_id: str) -> dict[str, Any]:
 
 async def cluster_trace(node: NodeSurface, trace_id: str, headers: dict[str, str]) -> dict[str, Any]:
     answers = await FanOut(node, _timeout(node), headers).all(
-        f"/v1/observe/local/spans/{trace_id}", local=lambda: local_spans(node, trace_id)
+        f"/v1/observe/local/spans/{quote(trace_id, safe='')}", local=lambda: local_spans(node, trace_id)
     )
     parts = [([Span.model_validate(s) for s in a.body.get("spans", [])], a.offset_ns) for a in answers if a.ok]
     spans = merge(parts)
