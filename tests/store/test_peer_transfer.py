@@ -90,7 +90,9 @@ def test_model_crosses_the_hub_once(nodes: Nodes, smollm2_gguf: Path) -> None:
     c.stop()
     d = nodes.start("d", "--no-worker", llama=True).wait_api()
     wait(lambda: REPO in _holders(d).get(ids["b"], []), 90, "D sees B holding the model")
-    assert d.post(f"/store/models/{REPO}/download").json()["status"] == "started"
+    wait(lambda: REPO in d.state()["customModelCards"], 60, "the card in D's State (after the failover)")
+    started = d.post(f"/store/models/{REPO}/download")
+    assert started.status_code == 200 and started.json()["status"] == "started", started.text
     d.wait_until(lambda: _status(d).get("status") in ("installed", "failed"), 240, "D's copy")
     status = _status(d)
     assert status["status"] == "installed", status
