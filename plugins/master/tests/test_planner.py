@@ -172,7 +172,10 @@ from dataclasses import dataclass  # noqa: E402
 from skulk_master.planner import memory_pool  # noqa: E402
 
 GPU_CARD = CARD.model_copy(
-    update={"compatible_backends": ("vllm-cuda", "llama_server-cpu"), "backend_preference": ("vllm-cuda", "llama_server-cpu")}
+    update={
+        "compatible_backends": ("vllm-cuda", "llama_server-cpu"),
+        "backend_preference": ("vllm-cuda", "llama_server-cpu"),
+    }
 )
 
 
