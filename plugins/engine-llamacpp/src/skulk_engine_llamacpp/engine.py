@@ -21,6 +21,7 @@ from skulk_kernel.api import (
     EngineProbe,
     ErrorChunk,
     GenerationStats,
+    PrefillProgressChunk,
     RunnerSpec,
     Sharding,
     TextGenerationParams,
@@ -37,6 +38,7 @@ from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 
 MINILM_MAX_TOKENS = 256
+QUEUE_KEEPALIVE_S = 5.0
 DEFAULT_SLOTS = 16  # llama_server slots decoding together (the token gate keeps them in the KV pool)
 
 
@@ -150,18 +152,32 @@ class LlamaSession:
         budget = params.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max(1, self.gate.pool - prompt))
         if params.sampling.max_tokens is None:  # the engine must not write past the reservation
             params = params.model_copy(update={"sampling": params.sampling.model_copy(update={"max_tokens": budget})})
-        with self.gate.reserve(prompt + budget, cancelled) as admitted:
-            if not admitted:
-                yield TokenChunk(command_id=command_id, seq=0, text="", finish_reason="cancelled")
-                return
-            yield from self._generate(command_id, params, cancelled)
+        gate = self.gate
+        need = gate.need(prompt + budget)
+        ticket = gate.enqueue()
+        seq = 0
+        try:
+            # while queued, a progress chunk now and then keeps the API's idle timeout away
+            while not gate.admit(ticket, need, QUEUE_KEEPALIVE_S):
+                if cancelled():
+                    gate.leave(ticket)
+                    yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
+                    return
+                yield PrefillProgressChunk(command_id=command_id, seq=seq, processed=0, total=prompt)
+                seq += 1
+        except BaseException:
+            gate.leave(ticket)
+            raise
+        try:
+            yield from self._generate(command_id, params, cancelled, seq)
+        finally:
+            gate.release(need)
 
     def _generate(
-        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool], seq: int = 0
     ) -> Iterator[Chunk]:
         started = time.perf_counter()
         first_at: float | None = None
-        seq = 0
         try:
             events = self.backend.chat(
                 to_messages(params),
@@ -302,7 +318,7 @@ class LlamaServerEngine(_LlamaEngine):
         progress(0, spec.card.n_layers)
         server.start()
         progress(spec.card.n_layers, spec.card.n_layers)
-        gate = None if embedding else TokenGate(server.context_length)
+        gate = None if embedding else TokenGate(server.context_length, max_running=server.n_parallel)
         return LlamaSession(server, spec, "llama_server-cpu", gate)
 
 
