@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,10 @@ def llama_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One cpu-llamacpp node (the README's default profile) serving the two default models."""
     pytest.importorskip("xllamacpp")
     node = start_node(
-        "cpu-llamacpp", home=tmp_path_factory.mktemp("llama-node"), env={"SKULK_MODELS_DIR": str(models_dir)}
+        "cpu-llamacpp",
+        home=tmp_path_factory.mktemp("llama-node"),
+        # a network version of its own, so it never joins another test's (or an operator's) cluster on this host
+        env={"SKULK_MODELS_DIR": str(models_dir), "SKULK_NETWORK_VERSION": f"llama-{uuid.uuid4().hex[:10]}"},
     )
     try:
         node.wait_api(timeout=60)
