@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 from ollama import ChatResponse, GenerateResponse
-from skulk_api_ollama import context
-from skulk_api_ollama import wire
+from skulk_api_ollama import context, wire
 from skulk_api_ollama.requests import (
     RequestError,
     parse_chat,

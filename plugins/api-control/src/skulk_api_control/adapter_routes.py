@@ -173,9 +173,9 @@ def listed_models(node: NodeSurface, known: Mapping[str, Any]) -> list[tuple[str
     exactly that model, so a client that checks the list before calling finds the name it will use."""
     ids: list[str] = []
     for inst in list(node.state.instances.values()):
-        model_id = inst.shard_assignments.model_id
-        if model_id not in ids:
-            ids.append(model_id)
+        placed = str(inst.shard_assignments.model_id)
+        if placed not in ids:
+            ids.append(placed)
     ids += sorted(m for m in known if m not in ids)
     names = [(m, m) for m in ids]
     lowered = {m.lower() for m in ids}
