@@ -173,6 +173,7 @@ class NodeCapacity:
     models_present: frozenset[str] = frozenset()
     splits: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> Engine.splits
     addresses: tuple[str, ...] = ()  # IPv4 addresses a rank on this node can listen on
+    vram_available: int | None = None  # GPU memory free over this node's GPUs; None without a GPU
 
 
 class PlacementError(Exception):

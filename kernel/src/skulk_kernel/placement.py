@@ -64,6 +64,7 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
             splits=res.reading.splits,
             addresses=res.reading.addresses,
             models_present=frozenset(res.reading.models_present),
+            vram_available=res.reading.vram_available,
         )
     return caps
 

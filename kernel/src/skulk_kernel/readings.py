@@ -102,6 +102,10 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
                  "engine_builds": dict(facts.get("engine_builds", {})), "data_transport": node.transports["data"].name,
                  "api_available": bool(facts.get("api_available")), "api_port": facts.get("api_port"),
                  "models_present": tuple(facts.get("models_present", ()))}  # fmt: skip
+    gpus = [g for g in facts.get("gpus", ()) if g.get("vram_total_bytes")]
+    if gpus:
+        resources["vram_total"] = sum(g["vram_total_bytes"] for g in gpus)
+        resources["vram_available"] = sum(g.get("vram_free_bytes") or 0 for g in gpus)
     identity = NodeIdentity(node_id=nid, friendly_name=node.options.node_name, skulk_version=kernel_version(),
                             skulk_commit=commit, network_version=network)  # fmt: skip
     return [

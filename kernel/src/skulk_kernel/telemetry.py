@@ -51,6 +51,8 @@ class NodeResources(Tagged):
     api_port: int | None = None
     splits: dict[str, tuple[str, ...]] = Field(default_factory=dict)  # backend tag -> placements it can split
     addresses: tuple[str, ...] = ()  # this node's IPv4 addresses, loopback last
+    vram_total: int | None = None  # bytes over this node's GPUs (None: no GPU seen); a pool of its own
+    vram_available: int | None = None
     models_present: tuple[str, ...] = ()  # model ids whose files this node holds (the store bounds it)
 
 
