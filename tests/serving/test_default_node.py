@@ -116,11 +116,12 @@ def test_place_second_copy_then_delete(llama_node):
     assert set(llama_node.ready_instances(CHAT_MODEL)) == before
 
 
-def test_placement_that_cannot_fit_names_node_and_arithmetic(llama_node, tmp_path):
+def test_placement_that_cannot_fit_names_node_and_arithmetic(llama_node, models_dir):
     import gguf
     import numpy as np
 
-    path = tmp_path / "giant.gguf"  # a real GGUF header for an 80-layer model...
+    (models_dir / "local").mkdir(exist_ok=True)  # /models/add takes paths under the model directories only
+    path = models_dir / "local" / "giant.gguf"  # a real GGUF header for an 80-layer model...
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(80)
     writer.add_embedding_length(8192)
@@ -142,6 +143,7 @@ def test_placement_that_cannot_fit_names_node_and_arithmetic(llama_node, tmp_pat
     node_id = llama_node.get("/node_id").json()
     assert node_id in message and "GiB" in message and "available" in message and "overhead" in message
     assert httpx.delete(llama_node.url + "/models/custom/test/giant", timeout=10).status_code == 200
+    path.unlink()  # 4 TB on paper: never leave it in the shared models directory
 
 
 def test_context_overflow_is_400_before_any_stream(client):

@@ -83,7 +83,8 @@ def test_max_tokens_and_options(client: ollama.Client) -> None:
 
 def test_generate(client: ollama.Client, node: NodeProcess) -> None:
     out = client.generate(model=ECHO, prompt="one two", system="be brief")
-    assert out.response == "one two" and out.done and out.context == []
+    assert out.response == "one two" and out.done
+    assert out.context and all(isinstance(t, int) for t in out.context)  # the conversation, to continue it
     assert out.prompt_eval_count == (2 + 2) + (2 + 2)
     raw = client.generate(model=ECHO, prompt="x y z", raw=True)
     assert raw.response == "x y z" and raw.prompt_eval_count == 3  # the raw prompt, untemplated
