@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from skulk_kernel.api import (
     ErrorChunk,
     FinishTask,
     NodeSurface,
+    Request,
     TextEmbedding,
     TextGeneration,
     TextGenerationParams,
@@ -156,11 +157,27 @@ _EARLY_ERRORS = {
 }
 
 
-async def _start(node: NodeSurface, command: TextGeneration | TextEmbedding) -> InferenceHandle:
+async def start(
+    node: NodeSurface,
+    command: Request,
+    *,
+    early_errors: Mapping[str, int] = _EARLY_ERRORS,
+    while_waiting: Callable[[], Awaitable[None]] | None = None,
+    observe: bool = True,
+) -> InferenceHandle:
+    """Open the stream, send `command`, and wait for its first chunk: the one start path of every request.
+
+    `while_waiting` runs beside the wait for the first chunk (speech sends its upload then) and is
+    cancelled once the first chunk is in. `early_errors` maps first-chunk error codes to the HTTP
+    statuses that belong before a response starts.
+    """
     stream = node.streams.open(command.command_id)
     iterator = stream.__aiter__()
+    beside: asyncio.Task[None] | None = None
     try:
         await node.submit(command)
+        if while_waiting is not None:
+            beside = asyncio.ensure_future(while_waiting())
         first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
     except (TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
@@ -170,13 +187,15 @@ async def _start(node: NodeSurface, command: TextGeneration | TextEmbedding) -> 
         node.streams.close(command.command_id)
         await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise
-    handle = InferenceHandle(
-        node, command.command_id, iterator, first, command=command, observers=list(node.middleware)
-    )
-    if isinstance(first, ErrorChunk) and first.code in _EARLY_ERRORS:
+    finally:
+        if beside is not None and not beside.done():
+            beside.cancel()
+    observers = list(node.middleware) if observe else []
+    handle = InferenceHandle(node, command.command_id, iterator, first, command=command, observers=observers)
+    status = early_errors.get(first.code or "") if isinstance(first, ErrorChunk) else None
+    if isinstance(first, ErrorChunk) and status is not None:
         handle.finished = True
         await handle.close()
-        status = _EARLY_ERRORS[first.code]
         raise InferenceError(
             status,
             first.message,
@@ -196,7 +215,7 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
     command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
-    return await _start(node, _transform(node, command))
+    return await start(node, _transform(node, command))
 
 
 async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
@@ -204,7 +223,7 @@ async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | No
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
     command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
-    return await _start(node, _transform(node, command))
+    return await start(node, _transform(node, command))
 
 
 def _transform(node: NodeSurface, command: Any) -> Any:

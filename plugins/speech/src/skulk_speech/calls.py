@@ -9,16 +9,13 @@ Middleware (`wrap_inference`) is written against text requests and is not applie
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from typing import Any
 
-from skulk_api_control.dispatch import InferenceError, InferenceHandle, resolve_model_id
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, resolve_model_id, start
 from skulk_kernel.api import (
-    CancelTask,
     CommandId,
-    ErrorChunk,
     NodeSurface,
     SpeechParams,
     SpeechSynthesis,
@@ -49,37 +46,19 @@ EARLY_ERRORS = {
 
 
 async def _start(node: NodeSurface, command: SpeechSynthesis | Transcription, upload: bytes | None) -> InferenceHandle:
-    stream = node.streams.open(command.command_id)
-    iterator = stream.__aiter__()
-    sender: asyncio.Task[None] | None = None
-    try:
-        await node.submit(command)
-        if upload is not None:
-            sender = asyncio.ensure_future(send_when_running(node, command.command_id, upload, FIRST_CHUNK_TIMEOUT_S))
-        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
-    except (TimeoutError, StopAsyncIteration):
-        node.streams.close(command.command_id)
-        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
-        raise InferenceError(504, "the speech model produced no output in time", error_type="timeout") from None
-    except BaseException:
-        node.streams.close(command.command_id)
-        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
-        raise
-    finally:
-        if sender is not None and not sender.done():
-            sender.cancel()
-    handle = InferenceHandle(node, command.command_id, iterator, first, command=command)
-    if isinstance(first, ErrorChunk) and first.code in EARLY_ERRORS:
-        handle.finished = True
-        await handle.close()
-        status = EARLY_ERRORS[first.code]
-        raise InferenceError(
-            status,
-            first.message,
-            code=first.code,
-            error_type="invalid_request_error" if status < 500 else "server_error",
-        )
-    return handle
+    """The API host's start path; an upload is sent to the runner's node once the task runs."""
+
+    async def send_upload() -> None:
+        assert upload is not None
+        await send_when_running(node, command.command_id, upload, FIRST_CHUNK_TIMEOUT_S)
+
+    return await start(
+        node,
+        command,
+        early_errors=EARLY_ERRORS,
+        while_waiting=send_upload if upload is not None else None,
+        observe=False,
+    )
 
 
 async def synthesize(node: NodeSurface, params: SpeechParams) -> InferenceHandle:
