@@ -203,17 +203,23 @@ def test_server_cancel_while_queued_for_a_slot(chat_server):
     stop_hogs = threading.Event()
 
     def hog(i: int) -> None:
-        for _ in chat_server.chat(
-            [{"role": "user", "content": f"{i}: a very long story please"}],
-            sampling={"max_tokens": 400},
-            cancel=stop_hogs.is_set,
-        ):
-            pass
+        # A hog that ends early (an end-of-text token) would free its slot: ask again until told to stop.
+        while not stop_hogs.is_set():
+            for _ in chat_server.chat(
+                [{"role": "user", "content": f"{i}: a very long story please"}],
+                sampling={"max_tokens": 400},
+                cancel=stop_hogs.is_set,
+            ):
+                pass
 
     hogs = [threading.Thread(target=hog, args=(i,)) for i in range(chat_server.n_parallel)]
     for t in hogs:
         t.start()
-    time.sleep(0.5)  # all slots busy now
+    # Wait until every slot is generating (a fixed sleep was not enough on a loaded CI box).
+    busy_by = time.monotonic() + 30
+    while not all(s["is_processing"] for s in chat_server.slots()):
+        assert time.monotonic() < busy_by, "the hogs never filled every slot"
+        time.sleep(0.05)
     cancel_queued = threading.Event()
     threading.Timer(0.3, cancel_queued.set).start()
     start = time.monotonic()
