@@ -63,6 +63,14 @@ class ZenohConfig(BaseModel):
             "can join. Every node of a cluster must use the same setting."
         ),
     )
+    sign_control: bool = Field(
+        default=True,
+        description=(
+            "with secure: control-plane and request/reply frames also carry an Ed25519 signature by the "
+            "sender's own key, bound to its node id by the cluster CA, so a member cannot pose as another "
+            "node (signing.py). Off only for benchmarks. Every node of a cluster must use the same setting."
+        ),
+    )
     replay_max_age_s: float = Field(
         default=300.0,
         gt=1,

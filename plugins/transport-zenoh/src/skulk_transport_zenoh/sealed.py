@@ -18,6 +18,14 @@ What the receiver checks (`Opener.open`), and what each failure is called:
 
 Only then is the sender delivered to callbacks as the message's sender, so the kernel's check
 "GLOBAL_EVENTS only from the master" holds against anyone without the secret.
+
+Signed frames (magic ``SKZ3``, signing.py) also prove *which* member sent them: after ``sent_ms``
+they carry the sender's binding (public key and the cluster CA's signature over node id, version,
+session and key, 96 bytes), and before the tag an Ed25519 signature (64 bytes) over
+``key_expr || 0 || everything before it``. Where the receiver requires a signature (the transport:
+control plane and request/reply) an ``SKZ2`` frame is ``unsigned``, and a frame whose key, binding
+or signature is not the named sender's is ``impersonation``; the MAC is still checked first, so an
+outsider costs one HMAC, never an Ed25519 verification.
 """
 
 from __future__ import annotations
@@ -29,8 +37,16 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .signing import NodeSigner, Verifier
 
 MAGIC = b"SKZ2"
+SIGNED_MAGIC = b"SKZ3"
+_BINDING = 96
+_SIGNATURE = 64
 TAG_BYTES = 32
 _FIXED = 8 + 8 + 8
 WINDOW = 8192  # counters a session may arrive out of order by (planes drain independently)
@@ -46,23 +62,34 @@ class Rejected(ValueError):
 class Sealer:
     """Seals this node's frames: one random session id per start, one counter for all planes."""
 
-    def __init__(self, key: bytes, sender: str) -> None:
+    def __init__(self, key: bytes, sender: str, session: bytes | None = None, signer: NodeSigner | None = None) -> None:
         raw = sender.encode()
         if not raw or len(raw) > 255:
             raise ValueError(f"node id {sender!r} must be 1-255 bytes")
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
-        self._head = MAGIC + len(raw).to_bytes(1, "big") + raw + secrets.token_bytes(8)
+        self.session = session if session is not None else secrets.token_bytes(8)
+        self._head = len(raw).to_bytes(1, "big") + raw + self.session
+        self._signer = signer
         self._counter = itertools.count(1)  # next() is atomic under the GIL: safe across threads
 
-    def seal(self, key_expr: str, payload: bytes) -> bytes:
-        body = b"".join(
-            (
-                self._head,
-                next(self._counter).to_bytes(8, "big"),
-                int(time.time() * 1000).to_bytes(8, "big"),
-                payload,
-            )
-        )
+    def seal(self, key_expr: str, payload: bytes, sign: bool = False) -> bytes:
+        """The sealed frame; `sign` adds this node's binding and signature (needs a signer)."""
+        parts = [
+            MAGIC,
+            self._head,
+            next(self._counter).to_bytes(8, "big"),
+            int(time.time() * 1000).to_bytes(8, "big"),
+        ]
+        if sign:
+            if self._signer is None:
+                raise ValueError("this sealer has no signing key")
+            parts[0] = SIGNED_MAGIC
+            parts += (self._signer.binding, payload)
+            unsigned = b"".join(parts)
+            body = unsigned + self._signer.sign(key_expr.encode() + b"\x00" + unsigned)
+        else:
+            parts.append(payload)
+            body = b"".join(parts)
         mac = self._mac.copy()
         mac.update(key_expr.encode())
         mac.update(b"\x00")
@@ -97,19 +124,30 @@ class _Window:
 class Opener:
     """Verifies frames from every sender; thread-safe (Zenoh calls back on several threads)."""
 
-    def __init__(self, key: bytes, max_age_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        max_age_s: float = 300.0,
+        verifier: Verifier | None = None,
+        needs_signature: Callable[[str], bool] = lambda key_expr: False,
+    ) -> None:
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self.verifier = verifier
+        self._needs_signature = needs_signature
         self.max_age_s = max_age_s
         self._windows: OrderedDict[bytes, _Window] = OrderedDict()
         self._lock = threading.Lock()
 
     def open(self, key_expr: str, frame: bytes) -> tuple[str, bytes]:
         """(sender, payload) of an authentic, fresh frame; raises Rejected otherwise."""
-        if len(frame) < len(MAGIC) + 1 + _FIXED + TAG_BYTES or frame[:4] != MAGIC:
+        magic = frame[:4]
+        signed = magic == SIGNED_MAGIC
+        if len(frame) < len(MAGIC) + 1 + _FIXED + TAG_BYTES or not (signed or magic == MAGIC):
             raise Rejected("malformed", f"no sealed skulk frame ({len(frame)} bytes, starts {frame[:6]!r})")
         n = frame[4]
         start = 5 + n
-        if n == 0 or len(frame) < start + _FIXED + TAG_BYTES:
+        extra = _BINDING + _SIGNATURE if signed else 0
+        if n == 0 or len(frame) < start + _FIXED + extra + TAG_BYTES:
             raise Rejected("malformed", f"truncated frame ({len(frame)} bytes, sender length {n})")
         body, tag = frame[:-TAG_BYTES], frame[-TAG_BYTES:]
         mac = self._mac.copy()
@@ -122,6 +160,21 @@ class Opener:
             sender = frame[5:start].decode()
         except UnicodeDecodeError:
             raise Rejected("malformed", "sender id is not utf-8") from None
+        payload_at, payload_end = start + _FIXED, len(frame) - TAG_BYTES
+        if signed:
+            if self.verifier is None:
+                raise Rejected("impersonation", f"signed frame on {key_expr} but this node checks no signatures")
+            payload_at, payload_end = payload_at + _BINDING, payload_end - _SIGNATURE
+            self.verifier.check(
+                key_expr,
+                sender,
+                frame[start : start + 8],
+                frame[start + _FIXED : payload_at],
+                key_expr.encode() + b"\x00" + frame[:payload_end],
+                frame[payload_end : payload_end + _SIGNATURE],
+            )
+        elif self._needs_signature(key_expr):
+            raise Rejected("unsigned", f"unsigned frame from {sender} on {key_expr}, where members sign")
         session_key = frame[4 : start + 8]  # sender and session id
         counter = int.from_bytes(frame[start + 8 : start + 16], "big")
         with self._lock:
@@ -143,4 +196,4 @@ class Opener:
             if not window.check(counter):
                 raise Rejected("replayed", f"frame {counter} of {sender} was already delivered (replay)")
             window.mark(counter)
-        return sender, frame[start + _FIXED : -TAG_BYTES]
+        return sender, frame[payload_at:payload_end]

@@ -10,7 +10,9 @@ Key space (``V`` is the network version)::
 Every payload travels in a frame that names its sender. With `secure` (the default) the frame is
 sealed (sealed.py: sender, session, counter, HMAC keyed from the cluster secret) and links are
 mutual TLS with a CA derived from the same secret (tls.py), so only members connect and the sender
-a callback receives is authenticated. Threads:
+a callback receives is authenticated. Control-plane and request/reply frames are also signed with
+the sender's own key, bound to its node id by that CA (signing.py), so one member cannot pose as
+another (the master included). Threads:
 
 * one sender thread per plane drains a bounded queue into Zenoh puts, so a put that blocks (blocking
   congestion control towards a frozen peer stalls up to 5 s) never blocks the event loop;
@@ -36,6 +38,7 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import tempfile
 import threading
 import time
@@ -54,6 +57,7 @@ from .frames import Keys, MalformedFrame
 from .hello import HelloService, tcp_address
 from .sealed import Opener, Rejected, Sealer
 from .secret import ClusterSecret, announce_new_secret, resolve_secret
+from .signing import NodeSigner, Verifier
 from .tls import secure_endpoint, zenoh_tls_config
 
 log = logging.getLogger("skulk.transport.zenoh")
@@ -275,6 +279,8 @@ class ZenohTransport:
         self.cluster: ClusterSecret | None = None
         self._sealer: Sealer | None = None
         self._opener: Opener | None = None
+        self._verifier: Verifier | None = None
+        self._signed_prefixes: tuple[str, ...] = ()
         self._refused: dict[str, RefusedPeer] = {}
         self._rejected: dict[str, int] = {}  # kind -> frames dropped (forged, replayed, stale)
         self._rejected_log = _RateLimitedLog()
@@ -302,8 +308,14 @@ class ZenohTransport:
             self.cluster = await asyncio.to_thread(resolve_secret, home, extra.get("join_token"))
             announce_new_secret(self.cluster)
             mac_key = self.cluster.key(f"frame-mac:{self.network_version}")
-            self._sealer = Sealer(mac_key, node_id)
-            self._opener = Opener(mac_key, self.config.replay_max_age_s)
+            session = secrets.token_bytes(8)
+            signer = None
+            if self.config.sign_control:
+                self._signed_prefixes = (f"{self.keys.root}/{Plane.CONTROL.value}/", f"{self.keys.root}/rpc/")
+                signer = NodeSigner(self.cluster, self.network_version, node_id, session)
+                self._verifier = Verifier(self.cluster, self.network_version)
+            self._sealer = Sealer(mac_key, node_id, session, signer)
+            self._opener = Opener(mac_key, self.config.replay_max_age_s, self._verifier, self._needs_signature)
             self.connect_endpoints = [secure_endpoint(e) for e in self.connect_endpoints]
         else:
             log.warning(
@@ -574,14 +586,21 @@ class ZenohTransport:
     def _frame(self, key: str, payload: bytes) -> bytes:
         """The frame for `payload` put on `key`: sealed when secure."""
         if self._sealer is not None:
-            return self._sealer.seal(key, payload)
+            return self._sealer.seal(key, payload, self._needs_signature(key))
         return frames.encode(self._sender, payload)
+
+    def _needs_signature(self, key: str) -> bool:
+        """Control-plane and request/reply frames are signed by their sender (when sign_control)."""
+        return key.startswith(self._signed_prefixes) if self._signed_prefixes else False
 
     def _unframe(self, key: str, frame: bytes) -> tuple[str, bytes]:
         """(authenticated sender, payload); raises Rejected or MalformedFrame."""
         if self._opener is not None:
             try:
-                return self._opener.open(key, frame)
+                sender, payload = self._opener.open(key, frame)
+                if sender == self.node_id:  # own frames never come back over the network
+                    raise Rejected("impersonation", f"a frame on {key} from another session claims this node's id")
+                return sender, payload
             except Rejected as exc:
                 if exc.kind == "malformed":
                     raise MalformedFrame(str(exc)) from None
@@ -671,6 +690,8 @@ class ZenohTransport:
                 self._members.add(node_id)
             else:
                 self._members.discard(node_id)
+                if self._verifier is not None:
+                    self._verifier.release(node_id)  # its next start brings a new key
             callbacks = self._peer_callbacks
         log.info("peer %s %s", node_id, "joined" if joined else "left")
         event = PeerEvent(node_id, joined)
@@ -727,7 +748,7 @@ class ZenohTransport:
 
     @property
     def rejected_frames(self) -> dict[str, int]:
-        """Frames dropped by kind: forged (bad MAC), replayed, stale."""
+        """Frames dropped by kind: forged (bad MAC), replayed, stale, unsigned, impersonation."""
         with self._lock:
             return dict(self._rejected)
 
