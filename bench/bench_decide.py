@@ -56,7 +56,7 @@ class Nothing:
 class Hooks:
     def call(self, *a, **k): return []
 class Node:
-    node_id = "a"; planners = {{}}; event_log = Nothing(); hooks = Hooks()
+    node_id = "a"; planners = {{}}; hooks = Hooks()
     def reachable_nodes(self): return {{"a"}}
     async def publish(self, *a): pass
     async def send_chunk(self, *a): pass

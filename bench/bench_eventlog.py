@@ -1,4 +1,4 @@
-"""Benchmark skulk_kernel.eventlog against raw msgpack into/out of a BytesIO.
+"""Benchmark skulk_master.eventlog against raw msgpack into/out of a BytesIO.
 
 Run: ``python bench/bench_eventlog.py [--records N] [--repeats R] [--dir PATH]``; prints JSON.
 Also the kernel section of the suite (``python bench/run.py``), through :func:`run`.
@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernel" / "src"))
 
 import msgpack
-from skulk_kernel.eventlog import EventLog
+from skulk_master.eventlog import EventLog
 
 
 def make_records(n: int, seed: int = 7) -> list[dict[str, Any]]:

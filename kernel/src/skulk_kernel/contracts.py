@@ -22,7 +22,6 @@ from .tasks import Chunk, EmbeddingParams, TextGenerationParams
 from .topics import Topic
 
 if TYPE_CHECKING:
-    from .eventlog import EventLog
     from .hooks import GuardedHooks
     from .node import NodeOptions
     from .profiles import Profile
@@ -59,8 +58,6 @@ class NodeSurface(Protocol):
     def runtime_info(self) -> dict[str, Any]: ...
     @property
     def is_master(self) -> bool: ...
-    @property
-    def event_log(self) -> EventLog: ...
     async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State: ...
 
     # the planes

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import platform
-import shutil
 import signal
 import socket
 import threading
@@ -87,7 +86,6 @@ class Node:
         self._state_changed: asyncio.Condition | None = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._event_log: Any = None
         self._sync_task: asyncio.Task[Any] | None = None
         self._peers: set[str] = set()  # live transport sessions (control plane)
         self.exit_code = 0
@@ -161,22 +159,6 @@ class Node:
         await self.hooks.acall(
             "on_master_changed", node=self, master_node_id=master_id, is_master=master_id == self.node_id
         )
-
-    @property
-    def event_log(self) -> Any:
-        """The node's event log (SKULK_HOME/events), opened on first use."""
-        if self._event_log is None:
-            from .eventlog import EventLog
-
-            folder = self.home / "events"
-            if folder.is_dir() and any(folder.iterdir()):
-                # Identity is ephemeral: a previous run's log describes a cluster this node is no
-                # longer part of. Keep it for forensics, never replay it.
-                previous = self.home / "events.previous"
-                shutil.rmtree(previous, ignore_errors=True)
-                folder.rename(previous)
-            self._event_log = EventLog(folder)
-        return self._event_log
 
     # ---------------------------------------------------------------- planes
 
@@ -434,8 +416,6 @@ class Node:
                 stopped.add(id(transport))
                 with contextlib.suppress(Exception):
                     await transport.stop()
-        if self._event_log is not None:
-            self._event_log.close()
         log.info("node %s stopped", self.node_id)
 
     @property

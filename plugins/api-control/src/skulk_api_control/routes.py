@@ -30,7 +30,7 @@ from skulk_kernel.api import (
 )
 
 from .reference_wire import from_reference, instance_meta_error, to_reference
-from .state_view import state_view
+from .state_view import master_log_status, state_view
 
 RECENT_EVENTS = 2000
 _INSTANCE = TypeAdapter(Instance)
@@ -310,7 +310,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> dict[str, Any]:
         worker = node.extensions.get("worker")
-        log_status = node.event_log.status() if node.is_master else None
+        log_status = master_log_status(node)
         return {
             "runtime": node.runtime_info(),
             "supervisorRunners": worker.diagnostics() if worker is not None else [],

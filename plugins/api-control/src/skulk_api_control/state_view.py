@@ -30,6 +30,12 @@ def _inner(reading: Any) -> dict[str, Any]:
     return next(iter(reading.wire().values()))
 
 
+def master_log_status(node: NodeSurface) -> Any:
+    """The master plugin's event-log status on the master, else None (the log is the master's)."""
+    master = node.extensions.get("master") if node.is_master else None
+    return master.event_log_status() if master is not None else None
+
+
 def node_health(node: NodeSurface, node_id: str, state: Any) -> dict[str, Any]:
     reasons = []
     beat = node.readings.get(NodeHeartbeat, node_id)
@@ -62,7 +68,7 @@ def node_health(node: NodeSurface, node_id: str, state: Any) -> dict[str, Any]:
                 }
             )
     if node_id == node.node_id:
-        log_status = node.event_log.status() if node.is_master else None
+        log_status = master_log_status(node)
         if log_status is not None and log_status.mode != "persisting":
             reasons.append(
                 {

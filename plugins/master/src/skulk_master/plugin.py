@@ -64,3 +64,4 @@ async def shutdown(node: NodeSurface) -> None:
     master = node.extensions.pop(PLUGIN, None)
     if master is not None:
         await master.stop()
+        master.close()

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -55,6 +57,7 @@ from skulk_kernel.api import (
 )
 
 from .duties import decide_prune, decide_report, decide_session_start
+from .eventlog import EventLog, EventLogStatus
 from .planner import MemoryPlanner
 from .plugin import MasterConfig
 
@@ -73,6 +76,7 @@ class Master:
         self._parked: dict[str, tuple[float, Request]] = {}
         self._retries: dict[str, tuple[float, PlaceInstance]] = {}  # model id -> re-placement waiting for room
         self._defaults_placed = False
+        self._event_log: EventLog | None = None
         planner = next(iter(node.planners.values()), None)
         if isinstance(planner, MemoryPlanner):
             planner.overhead = config.memory_overhead
@@ -95,6 +99,34 @@ class Master:
         self.active = False
         if self._plan_task is not None:
             self._plan_task.cancel()
+
+    def close(self) -> None:
+        """At node shutdown: flush and close the event log (a step-down keeps it open for the next term)."""
+        if self._event_log is not None:
+            self._event_log.close()
+            self._event_log = None
+
+    @property
+    def event_log(self) -> EventLog:
+        """The master's event log (SKULK_HOME/events), opened when this node first becomes master.
+
+        Only the master writes events, so the log is the master's, not the kernel's: a node that is
+        never elected never opens one.
+        """
+        if self._event_log is None:
+            folder = Path(self.node.options.home) / "events"
+            if folder.is_dir() and any(folder.iterdir()):
+                # Identity is ephemeral: a previous run's log describes a cluster this node is no
+                # longer part of. Keep it for forensics, never replay it.
+                previous = Path(self.node.options.home) / "events.previous"
+                shutil.rmtree(previous, ignore_errors=True)
+                folder.rename(previous)
+            self._event_log = EventLog(folder)
+        return self._event_log
+
+    def event_log_status(self) -> EventLogStatus | None:
+        """The log's health for /state and diagnostics (None when this node has not been master)."""
+        return self._event_log.status() if self._event_log is not None else None
 
     # ------------------------------------------------------------------ the view and the decision
 
@@ -140,7 +172,7 @@ class Master:
     async def _begin_session(self) -> None:
         """Seed from the replicated State (or the event log when this node is alone)."""
         self.state = self.node.state
-        self.node.event_log.rebase(self.state.last_event_applied_idx, self.state.wire())
+        self.event_log.rebase(self.state.last_event_applied_idx, self.state.wire())
         self._defaults_placed = False  # judged against this session's State, not a previous one
         self._parked.clear()
         self.active = True
@@ -161,7 +193,7 @@ class Master:
                     idx=self.state.last_event_applied_idx + 1, origin=NodeId(origin), at=now, event=event
                 )
                 self.state = apply(self.state, indexed)
-                self.node.event_log.append(indexed.idx, indexed.wire())
+                self.event_log.append(indexed.idx, indexed.wire())
                 await self.node.publish(Topic.GLOBAL_EVENTS, codec.encode(indexed))
 
     # ------------------------------------------------------------------ inputs

@@ -1,4 +1,4 @@
-"""Tests for skulk_kernel.eventlog: format, rotation, snapshots, torn tails, degradation."""
+"""Tests for skulk_master.eventlog: format, rotation, snapshots, torn tails, degradation."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from skulk_kernel.eventlog import ACTIVE_NAME, EventLog, EventLogStatus, iter_records
+from skulk_master.eventlog import ACTIVE_NAME, EventLog, EventLogStatus, iter_records
 
 
 def make_log(path: Path, **kw: Any) -> EventLog:
