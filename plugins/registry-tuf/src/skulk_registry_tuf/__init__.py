@@ -1,0 +1,1 @@
+"""Skulk's signed model-card registry: card files verified with TUF join the node's catalog."""
