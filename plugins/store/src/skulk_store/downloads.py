@@ -62,7 +62,10 @@ class Downloads:
         found = []
         for intent in sorted(self.root.glob(f"*/{INTENT}")) if self.root.is_dir() else ():
             try:
-                found.append(ModelCard.model_validate(json.loads(intent.read_text())["card"]))
+                data = json.loads(intent.read_text())
+                if data.get("cancelled"):  # an operator stopped it: resumed only when asked again
+                    continue
+                found.append(ModelCard.model_validate(data["card"]))
             except (ValueError, KeyError) as exc:
                 log.warning("ignoring %s: %s", intent, exc)
         return found
@@ -103,7 +106,10 @@ class Downloads:
                     for f in model.files:
                         if cancel.is_set():
                             raise DownloadCancelled(f"download of {card.model_id} cancelled")
-                        hub.download_file(model, f.name, folder)
+                        try:
+                            hub.download_file(model, f.name, folder, cancel.is_set)
+                        except hub.Interrupted:
+                            raise DownloadCancelled(f"download of {card.model_id} cancelled") from None
                     bad = verify_files(folder, model.files)
                     if not bad:
                         break
@@ -112,6 +118,9 @@ class Downloads:
                         (folder / name).unlink(missing_ok=True)
                 else:
                     raise RuntimeError(f"{card.model_id}: {bad} do not match the SHA-256 the hub published")
+            except DownloadCancelled:
+                (folder / INTENT).write_text(json.dumps({"card": card.wire(), "cancelled": True}))
+                raise
             finally:
                 stop.set()
                 watcher.join()

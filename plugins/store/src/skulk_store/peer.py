@@ -256,6 +256,14 @@ class PeerFetcher:
             found.append((node_id, [f"http://{addr}:{res.api_port}" for addr in res.addresses or ("127.0.0.1",)]))
         return sorted(found)
 
+    def api_urls(self, node_id: str) -> list[str]:
+        """The base URLs of a member's API, from its latest `NodeResources` reading."""
+        received = self.node.readings.latest(NodeResources).get(node_id)
+        if received is None or not received.reading.api_port:
+            return []
+        res = received.reading
+        return [f"http://{addr}:{res.api_port}" for addr in res.addresses or ("127.0.0.1",)]
+
     def _token(self, model_id: str, holder: str, urls: list[str]) -> Source | None:
         import httpx
 
@@ -289,8 +297,16 @@ class PeerFetcher:
         finally:
             self.loop.call_soon_threadsafe(self.node.streams.close, stream_id)
 
-    def __call__(self, card: ModelCard, staging: Path, progress: Progress, store: LocalModelStore) -> Path | None:
-        holders = self.holders(card.model_id)
+    def __call__(
+        self,
+        card: ModelCard,
+        staging: Path,
+        progress: Progress,
+        store: LocalModelStore,
+        only: set[str] | None = None,
+    ) -> Path | None:
+        """Copy the model from the members that hold it (`only`: from these members alone)."""
+        holders = [h for h in self.holders(card.model_id) if only is None or h[0] in only]
         if not holders:
             return None
         pinned = {n: m for n, m in dict(card.sections.get("source", {}).get("files", {})).items()}

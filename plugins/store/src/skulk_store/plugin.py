@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
@@ -20,6 +20,13 @@ class StoreConfig(BaseModel):
     models_dir: str | None = None  # default: $SKULK_MODELS_DIR or ~/.local/share/skulk/models
     model_dirs: list[str] = Field(
         default_factory=list, description="more directories `/models/add` may take a local path from"
+    )
+    role: Literal["worker", "host"] = Field(
+        default="worker",
+        description='"host": keep canonical copies for the cluster (workers stage from it); "worker": stage',
+    )
+    staging_budget_bytes: int | None = Field(
+        default=None, ge=0, description="bytes staged copies may take; least recently used ones not in use go first"
     )
 
 
@@ -45,6 +52,8 @@ def configure(node: NodeSurface) -> None:
         default_models_dir(config.models_dir),
         offline=node.options.offline,
         model_dirs=tuple(Path(d).expanduser() for d in config.model_dirs),
+        role=config.role,
+        staging_budget=config.staging_budget_bytes,
     )
     node.facts["models_dir"] = str(store.models_dir)
     node.extensions[PLUGIN] = store

@@ -22,6 +22,7 @@ from skulk_kernel.api import (
     IndexedEvent,
     ModelCard,
     NodeSurface,
+    PluginDataSet,
     State,
     Topic,
     catalog,
@@ -30,10 +31,12 @@ from skulk_kernel.api import (
 )
 
 from .custom_cards import CustomCardFiles
+from .downloads import DownloadCancelled
 from .store import LocalModelStore
 
 log = logging.getLogger("skulk.store.service")
 RESTORE_ATTEMPTS = 20
+REPUBLISH_S = 3.0
 
 
 class StoreService:
@@ -43,7 +46,10 @@ class StoreService:
         self.cards = CustomCardFiles(node.options.home / "cards")
         self.background: dict[str, asyncio.Future[Any]] = {}
         self.errors: dict[str, str] = {}
+        self.cancelled: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._published_at: dict[str, float] = {}
+        self.mark = ""  # a store host's mark (staging.host_mark)
 
     # ------------------------------------------------------------------ wiring
 
@@ -59,6 +65,16 @@ class StoreService:
         self.fetcher = PeerFetcher(self.node, self._loop)
         store = self.store
         store.fetchers.append(lambda card, staging, progress: self.fetcher(card, staging, progress, store))
+        store.in_use = self.in_use
+        if store.role == "host":
+            from .staging import host_mark
+
+            self.mark = host_mark(store.models_dir)
+            log.info("store host: canonical copies in %s", store.models_dir)
+        else:
+            from .staging import HostStager
+
+            store.stagers.append(HostStager(self.node, store, self.fetcher, self._loop))
         self.publish_inventory()
         self.node.spawn(self._inventory_loop(), "store-inventory")
         self.node.spawn(self._restore_cards(), "store-restore-cards")
@@ -78,7 +94,53 @@ class StoreService:
     async def _inventory_loop(self) -> None:
         while not self.node.stopping:
             await asyncio.to_thread(self.publish_inventory)
+            try:
+                await self._publish_registry()
+            except Exception as exc:  # a master change mid-emit: the next round repairs it
+                log.info("store registry not published this round: %s", exc)
             await asyncio.sleep(1.0)
+
+    def in_use(self) -> set[str]:
+        """Models an instance on this node uses (never evicted or purged)."""
+        me = self.node.node_id
+        return {
+            inst.shard_assignments.model_id
+            for inst in self.node.state.instances.values()
+            if me in inst.shard_assignments.node_to_runner
+        }
+
+    def registry_entry(self) -> tuple[str, dict[str, Any] | None]:
+        """This node's record in State: its canonical registry (a host) or its staged copies."""
+        from .peer import INVENTORY_LIMIT
+        from .staging import HOST_PREFIX, STAGED_PREFIX, HostEntry
+
+        if self.store.role == "host":
+            held = sorted(self.store.installed().items())[:INVENTORY_LIMIT]
+            entry = HostEntry(
+                node_id=self.node.node_id,
+                models_dir=str(self.store.models_dir),
+                mark=self.mark,
+                models={mid: card.storage_size for mid, (card, _path) in held},
+            )
+            return HOST_PREFIX + self.node.node_id, entry.model_dump()
+        staged = sorted(self.store.staged_copies().items())[:INVENTORY_LIMIT]
+        value = {mid: c.model_dump(include={"source", "how", "bytes", "staged_at"}) for mid, c in staged}
+        return STAGED_PREFIX + self.node.node_id, value or None
+
+    async def _publish_registry(self) -> None:
+        """Keep this node's record in State equal to what is on disk (re-sent after a lost event)."""
+        from .staging import PLUGIN_DATA
+
+        if self.node.master_id is None:
+            return
+        key, value = await asyncio.to_thread(self.registry_entry)
+        if self.node.state.plugin_data.get(PLUGIN_DATA, {}).get(key) == value:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._published_at.get(key, -REPUBLISH_S) < REPUBLISH_S:
+            return
+        self._published_at[key] = loop.time()
+        await self.node.emit(PluginDataSet(plugin=PLUGIN_DATA, key=key, value=value))
 
     def _emit_progress(self, model_id: str, done: int, total: int, phase: str) -> None:
         """Called from download threads: hand the reading to the loop, which stores and publishes it."""
@@ -103,6 +165,7 @@ class StoreService:
         if running is not None and not running.done():
             return False
         self.errors.pop(model_id, None)
+        self.cancelled.discard(model_id)
 
         def run() -> Any:
             if card is not None and self.store.card_lookup(model_id) is None:
@@ -114,6 +177,10 @@ class StoreService:
                 path = await asyncio.to_thread(run)
                 if path is None:
                     self.errors[model_id] = "the card has no [source] this store can fetch"
+            except DownloadCancelled as exc:
+                log.info("%s", exc)
+                self.cancelled.add(model_id)
+                self.errors[model_id] = f"{exc}; the partial files are kept: POST the download again to resume"
             except Exception as exc:
                 log.error("download of %s failed: %s", model_id, exc)
                 self.errors[model_id] = str(exc)

@@ -17,10 +17,11 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skulk_kernel.api import ModelCard
 
@@ -28,8 +29,12 @@ from .cards import card_from_config_json, card_from_gguf, card_from_toml
 from .downloads import Downloads
 from .progress import ProgressReporter
 
+if TYPE_CHECKING:
+    from .staging import StagedCopy
+
 log = logging.getLogger("skulk.store")
 SIDECAR = Path(".skulk") / "installed-card.json"
+LAST_USED = Path(".skulk") / "last-used"
 Progress = Callable[..., None]
 
 
@@ -71,9 +76,24 @@ def bundled_cards() -> dict[str, ModelCard]:
 class LocalModelStore:
     name = "local"
 
-    def __init__(self, models_dir: Path, offline: bool = False, model_dirs: tuple[Path, ...] = ()) -> None:
+    def __init__(
+        self,
+        models_dir: Path,
+        offline: bool = False,
+        model_dirs: tuple[Path, ...] = (),
+        role: str = "worker",
+        staging_budget: int | None = None,
+    ) -> None:
         self.models_dir = models_dir
         self.offline = offline
+        #: "host": this node keeps canonical copies (never staged, never evicted); "worker": it stages
+        self.role = role
+        #: bytes the staged copies may take (None: no limit); see staging.py
+        self.staging_budget = staging_budget
+        #: model ids an instance on this node uses (set by the service): never evicted
+        self.in_use: Callable[[], set[str]] = set
+        #: tried first on a worker, before provisioning, peers and the hub (the store host's copy)
+        self.stagers: list[Callable[[ModelCard, Progress], Path | None]] = []
         #: every directory an operator may add models from by path (the models directory first)
         self.model_dirs = (models_dir, *model_dirs)
         self._bundled = bundled_cards()
@@ -126,11 +146,18 @@ class LocalModelStore:
 
     # ------------------------------------------------------------------ install
 
-    def install(self, card: ModelCard, files_dir: Path, main_file: str, known: dict[str, str] | None = None) -> Path:
+    def install(
+        self,
+        card: ModelCard,
+        files_dir: Path,
+        main_file: str,
+        known: dict[str, str] | None = None,
+        staged: StagedCopy | None = None,
+    ) -> Path:
         """Write the sidecar (manifest of every file) last, atomically: the folder is now complete.
 
         `known` holds digests already verified (a download checked against the hub's SHA-256), so
-        a large file is not hashed twice.
+        a large file is not hashed twice. `staged` marks a copy staged from a store host.
         """
         known = known or {}
         manifest = {
@@ -141,7 +168,12 @@ class LocalModelStore:
         sidecar = files_dir / SIDECAR
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         tmp = sidecar.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"card": card.wire(), "main_file": main_file, "manifest": manifest}, indent=1))
+        data: dict[str, Any] = {"card": card.wire(), "main_file": main_file, "manifest": manifest}
+        if staged is not None:
+            now = time.time()
+            data["staged"] = staged.model_copy(update={"staged_at": now}).model_dump(exclude={"last_used"})
+            (files_dir / LAST_USED).touch()
+        tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, sidecar)
         self._installed_cache = None
         return files_dir / main_file
@@ -172,8 +204,13 @@ class LocalModelStore:
         ]
 
     def ensure_local(self, model_id: str, progress: Progress | None = None) -> Path | None:
-        """The model's main file, provisioning it first from its card's [source] if needed."""
+        """The model's main file, provisioning it first from its card's [source] if needed.
+
+        A worker stages it from a store host first (`stagers`); every call counts as a use for
+        the staging's recency.
+        """
         if (path := self.local_path(model_id)) is not None:
+            self.touch(model_id)
             return path
         card = self._bundled.get(model_id) or self.card_lookup(model_id)
         if card is None or "source" not in card.sections:
@@ -181,6 +218,10 @@ class LocalModelStore:
         with self._locks.setdefault(model_id, threading.Lock()):
             if (path := self.local_path(model_id)) is not None:
                 return path
+            if self.role != "host":
+                for stager in self.stagers:
+                    if (path := stager(card, progress or (lambda *a, **k: None))) is not None:
+                        return path
             if card.sections["source"].get("kind") == "hub":
                 return self._fetch(card, progress)
             return self._provision(card, card.sections["source"], progress or (lambda *a, **k: None))
@@ -203,17 +244,93 @@ class LocalModelStore:
             folder = self.downloads.fetch(card, name, progress)
         return self.adopt(card, folder)
 
-    def adopt(self, card: ModelCard, folder: Path) -> Path:
+    def adopt(self, card: ModelCard, folder: Path, staged: StagedCopy | None = None) -> Path:
         """Move a complete, verified staging folder into the models directory and install it."""
         source = card.sections.get("source", {})
+        known = {name: str(meta.get("sha256", "")) for name, meta in dict(source.get("files", {})).items()}
+        main_file = str(source.get("main_file", ""))
+        return self.adopt_staged(card, folder, main_file, {k: v for k, v in known.items() if v}, staged)
+
+    def adopt_staged(
+        self, card: ModelCard, folder: Path, main_file: str, known: dict[str, str], staged: StagedCopy | None
+    ) -> Path:
+        """`adopt` with the main file and verified digests given (a store host's sidecar has them)."""
         target = self.models_dir / folder_name(card.model_id)
         if target.exists():
             shutil.rmtree(target)
         os.replace(folder, target)
-        known = {name: str(meta.get("sha256", "")) for name, meta in dict(source.get("files", {})).items()}
-        path = self.install(card, target, str(source.get("main_file", "")), {k: v for k, v in known.items() if v})
+        path = self.install(card, target, main_file, known, staged)
         log.info("installed %s into %s", card.model_id, target)
         return path
+
+    # ------------------------------------------------------------------ staging
+
+    def touch(self, model_id: str) -> None:
+        """Record a use of a staged copy (its recency, for eviction)."""
+        marker = self.folder(model_id) / LAST_USED
+        if marker.exists():
+            marker.touch()
+
+    def staged_copies(self) -> dict[str, StagedCopy]:
+        """The models on this node that were staged from a store host, with their last use."""
+        from .staging import StagedCopy
+
+        found = {}
+        for model_id in self.installed():
+            folder = self.folder(model_id)
+            try:
+                data = json.loads((folder / SIDECAR).read_text()).get("staged")
+                if not data:
+                    continue
+                used = (folder / LAST_USED).stat().st_mtime if (folder / LAST_USED).exists() else 0.0
+                found[model_id] = StagedCopy.model_validate({**data, "model_id": model_id, "last_used": used})
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def evict_for(self, incoming: int, protect: set[str]) -> list[str]:
+        """Make room for `incoming` bytes of staging: least recently used copies not in use go first."""
+        from .staging import choose_evictions
+
+        if self.staging_budget is None:
+            return []
+        staged = self.staged_copies()
+        keep = self.in_use() | protect
+        evicted = choose_evictions(staged.values(), keep, self.staging_budget, incoming)
+        for model_id in evicted:
+            log.info("evicting staged %s (%.1f MB, least recently used)", model_id, staged[model_id].bytes / 1e6)
+            self.remove(model_id)
+        after = sum(c.bytes for m, c in staged.items() if m not in evicted) + incoming
+        if after > self.staging_budget:
+            log.warning(
+                "staging goes over its budget (%.1f of %.1f MB): the rest is in use by instances on this node",
+                after / 1e6,
+                self.staging_budget / 1e6,
+            )
+        return evicted
+
+    def purge_staging(self) -> dict[str, Any]:
+        """Delete every staged copy no instance on this node uses.
+
+        `bytes_freed` counts the staged files' sizes; `disk_bytes_freed` only files that had no
+        other link (a hard-linked copy frees nothing while the store host keeps its canonical one).
+        """
+        keep = self.in_use()
+        purged, kept, freed, disk_freed = [], [], 0, 0
+        for model_id in sorted(self.staged_copies()):
+            if model_id in keep:
+                kept.append(model_id)
+                continue
+            folder = self.folder(model_id)
+            for path in folder.rglob("*"):
+                if path.is_file() and ".skulk" not in path.relative_to(folder).parts:
+                    st = path.stat()
+                    freed += st.st_size
+                    disk_freed += st.st_size if st.st_nlink == 1 else 0
+            self.remove(model_id)
+            purged.append(model_id)
+        log.info("purged %d staged model(s), %.1f MB", len(purged), freed / 1e6)
+        return {"purged": purged, "kept_in_use": kept, "bytes_freed": freed, "disk_bytes_freed": disk_freed}
 
     def _provision(self, card: ModelCard, source: dict[str, Any], progress: Progress) -> Path:
         """Run the card's provisioner into a staging folder, then move it into place atomically.

@@ -6,6 +6,9 @@
   later request resumes).
 * `DELETE /store/models/{id}`: delete this node's copy (refused while an instance here uses it).
 * `GET /store/transfers`: the bytes each peer sent for the last copies, and bytes served to peers.
+* `GET /store/registry`: every store host's canonical registry and every node's staged copies
+  (from State, the same on every node).
+* `POST /store/purge-staging`: delete this node's staged copies that no instance here uses.
 """
 
 from __future__ import annotations
@@ -36,14 +39,33 @@ def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
         if store is None:
             return _error(503, "this node has no model store", "no_store")
         held = {}
+        staged = store.staged_copies()
+        in_use = service.in_use() if service else set()
         for model_id, (card, path) in store.installed().items():
             manifest = store.manifest(model_id)
-            held[model_id] = {"path": str(path), "bytes": card.storage_size, "files": sorted(manifest)}
+            held[model_id] = {
+                "path": str(path),
+                "bytes": card.storage_size,
+                "files": sorted(manifest),
+                "staged": model_id in staged,
+                "in_use": model_id in in_use,
+            }
         disk = shutil.disk_usage(store.models_dir) if store.models_dir.exists() else None
+        used = sum(c.bytes for c in staged.values())
+        budget = store.staging_budget
         return {
             "node_id": node.node_id,
+            "role": store.role,
             "models_dir": str(store.models_dir),
             "models": held,
+            "staging": {
+                "budget_bytes": budget,
+                "used_bytes": used,
+                "over_budget": budget is not None and used > budget,
+                "copies": {
+                    mid: {**c.model_dump(exclude={"model_id"}), "in_use": mid in in_use} for mid, c in staged.items()
+                },
+            },
             "downloads": dict(store.downloads.active),
             "errors": dict(service.errors) if service else {},
             "disk": {"total_bytes": disk.total, "free_bytes": disk.free} if disk else None,
@@ -71,6 +93,8 @@ def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
             status = "installed"
         elif task is not None and not task.done():
             status = "running"
+        elif model_id in service.cancelled:
+            status = "cancelled"
         elif model_id in service.errors:
             status = "failed"
         else:
@@ -109,6 +133,34 @@ def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
         if service is not None:
             service.publish_inventory()
         return {"message": f"deleted this node's copy of {model_id}"}
+
+    @app.get("/store/registry")
+    async def registry() -> Any:
+        from .staging import staged_everywhere, store_hosts
+
+        reachable = set(node.reachable_nodes()) | {node.node_id}
+        hosts = {
+            nid: {"reachable": nid in reachable, **entry.model_dump(exclude={"mark", "node_id"})}
+            for nid, entry in store_hosts(node.state).items()
+        }
+        return {"hosts": hosts, "staged": staged_everywhere(node.state)}
+
+    @app.post("/store/purge-staging")
+    async def purge_staging() -> Any:
+        store, service = parts()
+        if store is None:
+            return _error(503, "this node has no model store", "no_store")
+        if store.role == "host":
+            return _error(
+                400,
+                "this node is a store host: its copies are canonical, not staging; "
+                "delete one with DELETE /store/models/{model_id}",
+                "store_host",
+            )
+        result = await asyncio.to_thread(store.purge_staging)
+        if service is not None:
+            service.publish_inventory()
+        return result
 
     @app.get("/store/transfers")
     async def transfers() -> Any:
