@@ -29,11 +29,13 @@ from skulk_kernel.api import (
     EmbeddingParams,
     FailInstance,
     FinishTask,
+    ImageGeneration,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     InstanceFailureRecorded,
     InstanceId,
+    MediaParams,
     ModelCard,
     ModelId,
     NodeCapacity,
@@ -63,6 +65,7 @@ from skulk_kernel.api import (
     TracingStateChanged,
     Transcription,
     Unpark,
+    VideoGeneration,
     apply,
     decide,
 )
@@ -257,6 +260,19 @@ def test_speech_commands_create_their_task_kind_or_are_refused() -> None:
     for command in (SpeechSynthesis(**fields), Transcription(**fields)):  # type: ignore[arg-type]
         decision = decide(serving(), command, view())
         assert type(decision.events[0].task).__name__ == f"{type(command).__name__}Task"  # type: ignore[union-attr]
+        assert decide(State(), command, view()).replies[0].chunk.code == "model_not_placed"
+
+
+def test_media_commands_create_their_task_kind_or_are_refused() -> None:
+    fields = {
+        "command_id": CommandId("v1"),
+        "owner_node_id": NodeId("b"),
+        "params": MediaParams(model_id=ModelId("m"), prompt="a fox", seconds=2),
+    }
+    for command in (ImageGeneration(**fields), VideoGeneration(**fields)):  # type: ignore[arg-type]
+        decision = decide(serving(), command, view())
+        assert type(decision.events[0].task).__name__ == f"{type(command).__name__}Task"  # type: ignore[union-attr]
+        assert decision.events[0].task.params.prompt == "a fox"  # type: ignore[union-attr]
         assert decide(State(), command, view()).replies[0].chunk.code == "model_not_placed"
 
 

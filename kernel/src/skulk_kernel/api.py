@@ -18,7 +18,8 @@ from .apply import OutOfOrderEvent, apply, replay
 from .commands import (
     COMMAND_TYPES, AddCustomModelCard, CancelTask, Command, CommandBase, CreateInstance, DeleteCustomModelCard,
     DeleteInstance, FailInstance, FinishTask, ForwardedCommand, PlaceInstance, RefuseInstancePlacement,
-    Request, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription,
+    Request, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription, ImageGeneration,
+    VideoGeneration,
 )
 from .contracts import (
     ApiAdapter, Election, Engine, EngineProbe, EngineSession, InferenceMiddleware, ModelStore, NodeCapacity,
@@ -60,6 +61,7 @@ from .tasks import (
     FinishReason, GenerationStats, PrefillProgressChunk, SamplingParams, SpeechParams, SpeechSynthesisTask, Task,
     TaskBase, TaskStatus, TextEmbeddingTask, TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob,
     ToolCall, ToolCallChunk, ToolSpec, TopLogprob, TranscriptChunk, TranscriptionTask, Usage, is_terminal,
+    ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask,
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,

@@ -13,7 +13,7 @@ from pydantic import Field
 from .ids import CommandId, InstanceId, ModelId, NodeId
 from .instances import Instance, Sharding
 from .models import ModelCard
-from .tasks import EmbeddingParams, SpeechParams, TextGenerationParams
+from .tasks import EmbeddingParams, MediaParams, SpeechParams, TextGenerationParams
 from .wire import Tagged, WireModel, tagged_union
 
 
@@ -82,6 +82,18 @@ class Transcription(CommandBase):
     instance_id: InstanceId | None = None
 
 
+class ImageGeneration(CommandBase):
+    owner_node_id: NodeId
+    params: MediaParams
+    instance_id: InstanceId | None = None
+
+
+class VideoGeneration(CommandBase):
+    owner_node_id: NodeId
+    params: MediaParams
+    instance_id: InstanceId | None = None
+
+
 class CancelTask(CommandBase):
     """Cancel the task created for `task_command_id` (client gone or POST /v1/cancel)."""
 
@@ -110,9 +122,11 @@ class SetTracingEnabled(CommandBase):
 Command: TypeAlias = (
     PlaceInstance | CreateInstance | DeleteInstance | RefuseInstancePlacement | FailInstance | TextGeneration
     | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
-    | SpeechSynthesis | Transcription
+    | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration
 )
-Request: TypeAlias = TextGeneration | TextEmbedding | SpeechSynthesis | Transcription  # what an API node sends
+Request: TypeAlias = (  # what an API node sends
+    TextGeneration | TextEmbedding | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration
+)
 # fmt: on
 COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)
 if not TYPE_CHECKING:

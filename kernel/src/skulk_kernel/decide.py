@@ -318,6 +318,8 @@ def _(command: cmd.RefuseInstancePlacement, state: State, view: DecisionView) ->
 @_decide.register(cmd.TextEmbedding)
 @_decide.register(cmd.SpeechSynthesis)
 @_decide.register(cmd.Transcription)
+@_decide.register(cmd.ImageGeneration)
+@_decide.register(cmd.VideoGeneration)
 def _(command: cmd.Request, state: State, view: DecisionView) -> Decision:
     return dispatch(state, command, view)
 

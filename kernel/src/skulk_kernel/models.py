@@ -14,7 +14,9 @@ from pydantic import Field
 from .ids import ModelId
 from .wire import WireModel
 
-ModelTask = Literal["TextGeneration", "TextEmbedding", "SpeechSynthesis", "Transcription", "ImageGeneration"]
+ModelTask = Literal[
+    "TextGeneration", "TextEmbedding", "SpeechSynthesis", "Transcription", "ImageGeneration", "VideoGeneration"
+]
 
 
 class ModelCard(WireModel):

@@ -84,6 +84,20 @@ class SpeechParams(WireModel):
     options: dict[str, Any] = Field(default_factory=dict, description="speed, language, format...: the engine's")
 
 
+class MediaParams(WireModel):
+    """An image or video request; an input image is an upload on the data plane, never in State."""
+
+    model_id: ModelId
+    prompt: str = Field(min_length=1)
+    size: str | None = Field(default=None, description="WIDTHxHEIGHT; the engine's default when None")
+    seconds: float | None = Field(default=None, gt=0, description="video length")
+    n: int = Field(default=1, ge=1, le=10, description="images to make")
+    seed: int | None = None
+    input_sha256: str | None = None
+    input_bytes: int = Field(default=0, ge=0)
+    options: dict[str, Any] = Field(default_factory=dict, description="steps, fps, negative prompt...: the engine's")
+
+
 class TaskBase(Tagged):
     """Fields every task kind shares; the union of kinds is `Task`."""
 
@@ -110,7 +124,20 @@ class TranscriptionTask(TaskBase):
     params: SpeechParams
 
 
-Task: TypeAlias = TextGenerationTask | TextEmbeddingTask | SpeechSynthesisTask | TranscriptionTask
+class ImageGenerationTask(TaskBase):
+    params: MediaParams
+
+
+class VideoGenerationTask(TaskBase):
+    params: MediaParams
+
+
+# fmt: off
+Task: TypeAlias = (
+    TextGenerationTask | TextEmbeddingTask | SpeechSynthesisTask | TranscriptionTask | ImageGenerationTask
+    | VideoGenerationTask
+)
+# fmt: on
 tasks_by_name: dict[str, Any] = {t.__name__: t for t in get_args(Task)}
 if not TYPE_CHECKING:
     Task = tagged_union(Task)
@@ -193,6 +220,23 @@ class TranscriptChunk(ChunkBase):
     language: str = ""
 
 
+class ProgressChunk(ChunkBase):
+    """How far a long job (an image's or a video's denoising steps) has come; not terminal."""
+
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+    stage: str = ""
+
+
+class MediaChunk(ChunkBase):
+    """A piece of a made file (an image or an MP4); `sha256` of the whole file rides on its last piece."""
+
+    data: str = Field(description="base64 bytes of this piece")
+    mime: str
+    index: int = Field(default=0, ge=0, description="which of the n files")
+    sha256: str = ""
+
+
 class ErrorChunk(ChunkBase):
     message: str
     error_type: str = "server_error"
@@ -201,7 +245,8 @@ class ErrorChunk(ChunkBase):
 
 # fmt: off
 Chunk: TypeAlias = (
-    TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | AudioChunk | TranscriptChunk | ErrorChunk
+    TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | AudioChunk | TranscriptChunk
+    | ProgressChunk | MediaChunk | ErrorChunk
 )
 # fmt: on
 if not TYPE_CHECKING:
