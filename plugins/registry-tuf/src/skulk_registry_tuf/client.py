@@ -16,6 +16,7 @@ from pathlib import Path
 from .repository import CARDS_PREFIX
 
 SOCKET_TIMEOUT_S = 10
+MAX_DETAIL = 300  # characters of a library's message kept in a health note
 
 
 class Refused(Exception):
@@ -44,6 +45,9 @@ def classify(exc: BaseException) -> Refused:
     if isinstance(exc, Refused):
         return exc
     detail = str(exc) or type(exc).__name__
+    if exc.__cause__ is not None:  # e.g. SlowRetrievalError from urllib3's "Connection refused"
+        detail = f"{detail}: {exc.__cause__}"
+    detail = detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
     if isinstance(exc, tuf_errors.ExpiredMetadataError):
         return Refused("registry_expired", f"expired metadata ({detail}): re-sign the registry")
     if isinstance(exc, tuf_errors.BadVersionNumberError):

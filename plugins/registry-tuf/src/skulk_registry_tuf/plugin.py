@@ -6,6 +6,7 @@ starts nothing, so it is safe in every profile; its CLI (`skulk-kernel registry 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +21,14 @@ class RegistryConfig(BaseModel):
     """`[plugins.registry-tuf]` in a profile."""
 
     model_config = ConfigDict(extra="forbid")
-    url: str | None = Field(default=None, description="the registry's base URL (it serves metadata/ and targets/)")
-    root: str | None = Field(default=None, description="path of the trusted root.json (`registry init` printed it)")
+    url: str | None = Field(
+        default_factory=lambda: os.environ.get("SKULK_REGISTRY_URL") or None,
+        description="the registry's base URL (it serves metadata/ and targets/); default $SKULK_REGISTRY_URL",
+    )
+    root: str | None = Field(
+        default_factory=lambda: os.environ.get("SKULK_REGISTRY_ROOT") or None,
+        description="path of the trusted root.json (`registry init` printed it); default $SKULK_REGISTRY_ROOT",
+    )
     refresh_interval_s: float = Field(default=60.0, ge=1, description="at most one refresh per this many seconds")
     max_age_days: float = Field(default=30.0, gt=0, description="how long a last good catalog is served")
     cache_dir: str | None = Field(default=None, description="default: <home>/registry-tuf")

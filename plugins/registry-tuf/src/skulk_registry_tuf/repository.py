@@ -161,8 +161,10 @@ def sign_cards(
         digest = next(iter(info.hashes.values()))
         stored = targets_dir / CARDS_PREFIX / f"{digest}.{source.name}"
         stored.parent.mkdir(parents=True, exist_ok=True)
-        if not stored.exists():
-            shutil.copyfile(source, stored)
+        if not stored.exists() or stored.read_bytes() != source.read_bytes():  # repairs a damaged copy
+            tmp = stored.with_name(f".{stored.name}.tmp")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, stored)
     targets_md = Metadata(targets)
     targets_md.sign(_signer(directory, root, "targets"))
     _atomic_write(metadata_dir / f"{targets.version}.targets.json", targets_md.to_bytes())
