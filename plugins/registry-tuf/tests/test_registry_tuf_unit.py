@@ -23,6 +23,7 @@ from registry_tuf_helpers import (
 from skulk_registry_tuf.cards import CardError, card_from_toml_text
 from skulk_registry_tuf.plugin import RegistryConfig
 from skulk_registry_tuf.service import RegistryStore
+from skulk_testing.conformance import ModelStoreConformance, PluginConformance
 
 
 class Clock:
@@ -77,6 +78,19 @@ def reg(tmp_path: Path):
         yield made
     finally:
         made.server.stop()
+
+
+class TestRegistryPlugin(PluginConformance):
+    plugin_name = "registry-tuf"
+
+
+class TestRegistryStore(ModelStoreConformance):
+    @pytest.fixture
+    def store(self, reg: Registry) -> RegistryStore:
+        made = reg.store()
+        made.refresh()
+        assert made.catalog()
+        return made
 
 
 def test_card_parser_reads_the_store_bundled_cards_like_the_store() -> None:
