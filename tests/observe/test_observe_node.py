@@ -79,8 +79,10 @@ def test_json_logs_on_request(tmp_path):
     profile.write_text(LOCAL_PROFILE)
     node = start_node(
         str(profile),
+        "--log-format",
+        "json",
         home=tmp_path / "home",
-        env={"SKULK_LOG_FORMAT": "json", "SKULK_NETWORK_VERSION": f"obs{uuid.uuid4().hex[:10]}"},
+        env={"SKULK_NETWORK_VERSION": f"obs{uuid.uuid4().hex[:10]}"},
     )
     try:
         node.wait_api()

@@ -76,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .hooks import NodeError
     from .node import Node, NodeOptions
 
+    if args.log_format:  # read by whichever plugin formats logs (observe), in this process and its runners
+        os.environ["SKULK_LOG_FORMAT"] = args.log_format
     profile = load_profile(args.profile)
     options = NodeOptions(
         api_port=args.api_port,
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-default-models", action="store_true", help="do not place the profile's default models at start-up"
     )
+    run.add_argument("--log-format", choices=("text", "json"), default=None, help="json: one object per line")
     run.add_argument("-v", "--verbose", action="count", default=0)
     run.add_argument("-q", "--quiet", action="count", default=0)
     run.set_defaults(func=cmd_run)
