@@ -32,6 +32,7 @@ from typing import Any
 from skulk_kernel.api import (
     Engine,
     ErrorChunk,
+    ImageGenerationTask,
     Profile,
     RunnerConnecting,
     RunnerFailed,
@@ -45,6 +46,7 @@ from skulk_kernel.api import (
     TextEmbeddingTask,
     TextGenerationTask,
     TranscriptionTask,
+    VideoGenerationTask,
     is_terminal,
 )
 
@@ -121,6 +123,9 @@ class _Serving:
         if isinstance(task, SpeechSynthesisTask | TranscriptionTask):  # speech engines (plugins/speech)
             speak = self.session.synthesize if isinstance(task, SpeechSynthesisTask) else self.session.transcribe
             return self._relay(task, speak(task.command_id, task.params, flag.is_set))
+        if isinstance(task, ImageGenerationTask | VideoGenerationTask):  # media engines: progress, then the file
+            make = self.session.generate_image if isinstance(task, ImageGenerationTask) else self.session.generate_video
+            return self._relay(task, make(task.command_id, task.params, flag.is_set))
         assert isinstance(task, TextGenerationTask)
         params = task.params
         prompt = self.session.count_tokens(params)
