@@ -218,6 +218,9 @@ class Master:
         except ValidationError as exc:
             log.warning("dropping a malformed command from %s: %s", sender, exc)
             return
+        if forwarded.origin != sender:  # the transport authenticates the sender; the origin is only claimed
+            log.warning("dropping a command from %s that claims to come from %s", sender, forwarded.origin)
+            return
         command = forwarded.command
         veto = self.node.hooks.call("check_command", firstresult=True, command=command, state=self.state)
         if veto:
