@@ -34,6 +34,25 @@ class ChatMessage(WireModel):
     tool_call_id: str | None = None
     name: str | None = None
 
+    def template_dict(self, *, with_reasoning: bool = False) -> dict[str, Any]:
+        """This message as chat templates and OpenAI-shaped servers take it (every engine needs it)."""
+        msg: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.content or "",
+        }
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.name and self.role == "tool":
+            msg["name"] = self.name
+        if with_reasoning and self.reasoning_content and self.role == "assistant":
+            msg["reasoning_content"] = self.reasoning_content
+        return msg
+
 
 class ToolSpec(WireModel):
     name: str

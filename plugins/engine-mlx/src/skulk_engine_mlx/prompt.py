@@ -29,22 +29,7 @@ class ChatTokenizer(Protocol):
 
 
 def template_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for m in params.messages:
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-        if m.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in m.tool_calls
-            ]
-        if m.tool_call_id:
-            msg["tool_call_id"] = m.tool_call_id
-        if m.name and m.role == "tool":
-            msg["name"] = m.name
-        if m.reasoning_content and m.role == "assistant":
-            msg["reasoning_content"] = m.reasoning_content
-        out.append(msg)
-    return out
+    return [m.template_dict(with_reasoning=True) for m in params.messages]
 
 
 def template_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
