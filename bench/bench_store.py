@@ -5,7 +5,9 @@
 * peer copy (one source) MB/s against a raw loopback copy of the same file (a TCP socket, sendfile
   on one side and recv into a file on the other: the ceiling for this host),
 * two sources against one (the same fetch with two holders),
-* hub download (huggingface_hub against the loopback hub) against the peer copy.
+* hub download (huggingface_hub against the loopback hub) against the peer copy,
+* staging from a store host on the same filesystem (hard links) against the one-source peer copy,
+  and `link_or_copy`'s hard link against a local file copy (its fallback) of the same file.
 
 Each fetch is timed from the request (`POST /store/models/{id}/download`, or `/models/add` for the
 hub) until the node lists the model as installed, so SHA-256 verification and installing are
@@ -64,6 +66,25 @@ def raw_loopback_copy(path: Path, dest: Path) -> float:
     server.close()
     dest.unlink()
     return took
+
+
+def link_vs_copy(path: Path, tmp: Path) -> tuple[float, float]:
+    """Seconds to hard-link and to copy the file locally (the store's staging and its fallback)."""
+    import shutil
+
+    from skulk_store.staging import link_or_copy
+
+    linked, copied = [], []
+    for i in range(3):
+        began = time.perf_counter()
+        link_or_copy(path.parent, tmp / f"link{i}", [path.name])
+        linked.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        shutil.copyfile(path, tmp / f"copy{i}")
+        copied.append(time.perf_counter() - began)
+        shutil.rmtree(tmp / f"link{i}")
+        (tmp / f"copy{i}").unlink()
+    return min(linked), min(copied)
 
 
 def _installed(node: Any) -> bool:
@@ -125,6 +146,32 @@ def run(gguf: Path, repeat: int) -> dict[str, Any]:
             for node in (b, c):  # drop the copies for the next round
                 httpx.delete(f"{node.url}/store/models/{REPO}", timeout=30)
             _wait(lambda: REPO not in _holders(c).get(ids["b"], []), 30)
+        # a store host that holds the model, and a worker on this filesystem that stages from it
+        from skulk_testing.nodes import start_node
+
+        host = start_node("store-host", "--node-name", "h", home=tmp / "h" / "home", env=nodes.env("h"))
+        nodes.started.append(host)
+        host.wait_api()
+        w = nodes.start("w", "--no-worker", cluster=True).wait_api()
+        _wait(lambda: len(w.state()["topology"]["nodes"]) == 5, 90)
+        _timed(host, lambda: host.post(f"/store/models/{REPO}/download"))
+        host_id = host.get("/node_id").json()
+        _wait(lambda: REPO in w.get("/store/registry").json()["hosts"].get(host_id, {}).get("models", {}), 30)
+        staged = []
+        for _ in range(repeat):
+            staged.append(_timed(w, lambda: w.post(f"/store/models/{REPO}/download")))
+            how = w.get("/store/storage").json()["staging"]["copies"][REPO]["how"]
+            assert how == "hardlink", how
+            w.post("/store/purge-staging")
+        stage_s = statistics.median(staged)
+        link_s, copy_s = link_vs_copy(Path(host.get("/store/storage").json()["models"][REPO]["path"]), tmp)
+        out.update(
+            stage_hardlink_s=round(stage_s, 3),
+            stage_hardlink_vs_peer_copy=round(statistics.median(one) / stage_s, 1),
+            hardlink_vs_local_copy=round(copy_s / link_s, 1),
+        )
+        out["runs_s_staging"] = {"staged": staged, "link": link_s, "copy": copy_s}
+
         raw_s, one_s, two_s = min(raw), statistics.median(one), statistics.median(two)
         mb = size / 1e6
         out.update(
