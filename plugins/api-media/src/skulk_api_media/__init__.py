@@ -1,0 +1,1 @@
+"""Skulk media jobs: long renders as jobs on the API host (the /v1/videos routes)."""
