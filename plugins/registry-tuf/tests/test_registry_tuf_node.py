@@ -102,9 +102,11 @@ def test_node_uses_a_signed_registry_and_refuses_bad_ones(tmp_path: Path) -> Non
         assert node.get("/registry").json()["version"] == 1
 
         # a tampered target: the new version's card does not match its signed hash
+        server.stop()  # the node refreshes every second: it must not see the version before the tampering
         write_card(cards, "beta")
         cli(bootstrap, "sign", str(cards), str(registry))
         tamper_card(registry, "beta")
+        server.start()
         message = wait_refused(node, "registry_tampered")
         assert "does not match its signed hash" in message and "still using the last good catalog" in message
         assert b not in model_ids(node) and a in model_ids(node)
@@ -124,7 +126,9 @@ def test_node_uses_a_signed_registry_and_refuses_bad_ones(tmp_path: Path) -> Non
         wait_models(node, a, b, c)
 
         # rolled back: the server offers an older (validly signed) version again
+        server.stop()
         restore_repo(good, registry)
+        server.start()
         message = wait_refused(node, "registry_rolled_back")
         assert "must be >=" in message
         assert {a, b, c} <= model_ids(node)  # the newest good catalog, not the older one served
