@@ -243,6 +243,22 @@ def test_text_generation_goes_to_the_least_loaded_ready_instance() -> None:
     assert event.task.instance_id != state.tasks[next(iter(state.tasks))].instance_id
 
 
+def test_text_generation_pinned_by_the_api_node_goes_there_while_it_is_ready_and_reachable() -> None:
+    state = applied(
+        serving("i1", "a"),
+        InstanceCreated(instance=instance("i2", "b")),
+        RunnerStatusUpdated(runner_id=RunnerId("i2-r0"), status=RunnerReady()),
+    )
+    state = with_task(with_task(state, "c1"), "c2")  # one task on each: the tie goes to i1 unpinned
+    busy = next(t.instance_id for t in state.tasks.values() if t.command_id == "c1")
+    pinned = generation("c3").model_copy(update={"instance_id": InstanceId(busy)})
+    (event,) = decide(state, pinned, view()).events
+    assert isinstance(event, TaskCreated) and event.task.instance_id == busy
+    gone_node = "a" if busy == "i1" else "b"
+    (event,) = decide(state, pinned, view(reachable=("b" if gone_node == "a" else "a",))).events
+    assert isinstance(event, TaskCreated) and event.task.instance_id != busy  # never to a departed node
+
+
 def test_text_generation_without_an_instance_is_refused_and_while_loading_is_parked() -> None:
     refused = decide(State(), generation(), view())
     assert refused.replies[0].chunk.code == "model_not_placed"

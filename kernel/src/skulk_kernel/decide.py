@@ -210,11 +210,12 @@ def _error(command: cmd.Request, code: str, message: str) -> Decision:
     return Decision(replies=(reply(command.owner_node_id, command.command_id, code, message),))
 
 
-def pick_instance(state: State, model_id: str, view: DecisionView) -> Instance | None:
+def pick_instance(state: State, model_id: str, view: DecisionView, pinned: str | None = None) -> Instance | None:
     """The ready instance of `model_id` with the fewest open tasks, on reachable nodes only.
 
     An instance whose node the transport has seen leave is skipped at once, without waiting for the
-    prune: a request sent there would only fail later.
+    prune: a request sent there would only fail later. A `pinned` instance (the API node routed the
+    request: load, prompt-cache affinity, a resume elsewhere) is taken when it is ready and reachable.
     """
     ready = [
         i
@@ -225,6 +226,8 @@ def pick_instance(state: State, model_id: str, view: DecisionView) -> Instance |
     ]
     if not ready:
         return None
+    if pinned is not None and (chosen := next((i for i in ready if i.instance_id == pinned), None)):
+        return chosen
     load = {i.instance_id: 0 for i in ready}
     for task in state.tasks.values():
         if task.instance_id in load and task.status not in TERMINAL_TASK_STATUSES:
@@ -235,7 +238,7 @@ def pick_instance(state: State, model_id: str, view: DecisionView) -> Instance |
 def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision:
     """Create the task on the least-loaded ready instance, refuse it, or park it until one is ready."""
     model_id = command.params.model_id
-    instance = pick_instance(state, model_id, view)
+    instance = pick_instance(state, model_id, view, command.instance_id)
     if instance is None:
         placed = [i for i in state.instances.values() if i.shard_assignments.model_id == model_id]
         if not placed:
