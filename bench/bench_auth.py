@@ -216,7 +216,12 @@ def _cluster(tmp: Path, on: bool) -> tuple[Any, Any, str | None]:
         env=env,
     )
     api.wait_api(120)
-    worker.wait_until(lambda: f"{name}-a" in json.dumps(worker.state()["topology"]), 90, "the API node to join")
+
+    def agreed() -> bool:
+        views = {n.get("/v1/diagnostics/node", timeout=3).json()["runtime"]["masterNodeId"] for n in (api, worker)}
+        return len(views) == 1 and None not in views
+
+    worker.wait_until(agreed, 90, "both nodes to agree on a master")
     worker.wait_until(
         lambda: (
             worker.post("/place_instance", json={"model_id": "skulk/echo", "excluded_nodes": []}).status_code == 200
