@@ -213,6 +213,23 @@ def test_fail_instance_records_the_failure_and_replaces_without_the_node() -> No
     )
 
 
+def test_a_system_role_is_stamped_on_the_instance_and_kept_by_its_replacement() -> None:
+    joined = applied(State(), NodeJoined(node_id=NodeId("a")), NodeJoined(node_id=NodeId("b")))
+    placed = decide(
+        joined, PlaceInstance(command_id=CommandId("p"), model_id=ModelId("m"), system_role="steward"), view()
+    )
+    (created,) = placed.events
+    assert isinstance(created, InstanceCreated) and created.instance.system_role == "steward"
+    state = applied(joined, created)
+    failed = decide(
+        state,
+        FailInstance(command_id=CommandId("f"), instance_id=created.instance.instance_id, reason="r", replace=True),
+        view(),
+    )
+    again = [e for e in failed.events if isinstance(e, InstanceCreated)]
+    assert len(again) == 1 and again[0].instance.system_role == "steward"
+
+
 def test_fail_instance_of_an_unknown_instance_does_nothing() -> None:
     decision = decide(State(), FailInstance(command_id=CommandId("f"), instance_id=InstanceId("x"), reason="r"), view())
     assert decision.events == () and decision.replies == ()

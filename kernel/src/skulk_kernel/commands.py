@@ -28,6 +28,7 @@ class PlaceInstance(CommandBase):
     sharding: Sharding = "Pipeline"
     min_nodes: int = Field(default=1, ge=1)
     excluded_nodes: tuple[NodeId, ...] = ()
+    system_role: str | None = None  # stamped on the instance (see RingInstance.system_role)
 
 
 class CreateInstance(CommandBase):

@@ -145,7 +145,8 @@ def place(state: State, command: cmd.PlaceInstance, view: DecisionView) -> Insta
     request = PlacementRequest(
         model=card, sharding=command.sharding, min_nodes=command.min_nodes, excluded_nodes=command.excluded_nodes
     )
-    return view.planner.place(request, state, live, command.command_id)
+    instance = view.planner.place(request, state, live, command.command_id)
+    return instance.model_copy(update={"system_role": command.system_role}) if command.system_role else instance
 
 
 def teardown(state: State, instance_id: str, reason: str, *, failed: bool, view: DecisionView) -> Decision:
@@ -180,7 +181,13 @@ def replacement(lost: Instance, seed: str, *, min_nodes: int, excluded: tuple[No
     """The PlaceInstance that places a lost instance's model again (its id derives from `seed`)."""
     command_id = CommandId(derived_id(seed, f"replace/{min_nodes}/{len(excluded)}"))
     model_id = lost.shard_assignments.model_id
-    return cmd.PlaceInstance(command_id=command_id, model_id=model_id, min_nodes=min_nodes, excluded_nodes=excluded)
+    return cmd.PlaceInstance(
+        command_id=command_id,
+        model_id=model_id,
+        min_nodes=min_nodes,
+        excluded_nodes=excluded,
+        system_role=lost.system_role,
+    )
 
 
 def replace_lost(state: State, attempts: list[cmd.PlaceInstance], view: DecisionView) -> Decision:

@@ -73,6 +73,7 @@ class RingInstance(Tagged):
     context_limit: int = Field(ge=1, description="tokens; prompt + max_tokens must fit")
     excluded_nodes: tuple[NodeId, ...] = ()
     group: RankGroup | None = Field(default=None, description="None for a single-rank instance")
+    system_role: str | None = Field(default=None, description='a cluster service ("steward"), not a user model')
 
 
 Instance: TypeAlias = RingInstance
