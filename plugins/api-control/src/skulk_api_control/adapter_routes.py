@@ -174,7 +174,7 @@ def listed_models(node: NodeSurface, known: Mapping[str, Any]) -> list[tuple[str
     ids: list[str] = []
     for inst in list(node.state.instances.values()):
         placed = str(inst.shard_assignments.model_id)
-        if placed not in ids:
+        if placed not in ids and inst.system_role is None:  # a cluster service (the steward) is no user model
             ids.append(placed)
     ids += sorted(m for m in known if m not in ids)
     names = [(m, m) for m in ids]

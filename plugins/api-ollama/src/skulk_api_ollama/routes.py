@@ -303,7 +303,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
         seen: set[str] = set()
         for inst in list(node.state.instances.values()):
             model_id = inst.shard_assignments.model_id
-            if model_id in seen or not serving_instances(node, model_id):
+            if model_id in seen or inst.system_role is not None or not serving_instances(node, model_id):
                 continue
             seen.add(model_id)
             card = known.get(model_id)
