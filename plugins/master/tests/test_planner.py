@@ -239,3 +239,17 @@ def _splitting(c: GpuCapacity) -> GpuCapacity:
     from dataclasses import replace
 
     return replace(c, splits={b: ("Pipeline",) for b in c.backends})
+
+
+def test_a_replica_goes_to_a_node_that_does_not_serve_the_model_yet():
+    """Replicas spread over nodes even while the first one has not loaded (its node still looks free)."""
+    nodes = {"a": cap("a", 16), "b": cap("b", 8)}
+    first = place(nodes)
+    assert list(first.shard_assignments.node_to_runner) == ["a"]
+    state = State().model_copy(update={"instances": {first.instance_id: first}})
+    second = MemoryPlanner().place(PlacementRequest(model=CARD), state, nodes, "inst-2")
+    assert list(second.shard_assignments.node_to_runner) == ["b"]
+    third = MemoryPlanner().place(
+        PlacementRequest(model=CARD), state.model_copy(update={"instances": {"1": first, "2": second}}), nodes, "inst-3"
+    )
+    assert len(third.shard_assignments.node_to_runner) == 1  # every node has one: memory decides again

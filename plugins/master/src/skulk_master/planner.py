@@ -82,6 +82,21 @@ def ring_hosts(instance_id: str, ring: tuple[str, ...], caps: dict[str, NodeCapa
     return tuple(hosts)
 
 
+def replicas_by_node(state: State, model_id: str) -> dict[str, int]:
+    """How many instances of `model_id` each node already runs a share of.
+
+    A replica is ranked away from the nodes that already serve its model, so replicas land on
+    different nodes and one node's death leaves another replica to resume on. Free memory alone
+    cannot do this: a replica placed a moment ago has not loaded yet, so its node still looks free.
+    """
+    count: dict[str, int] = {}
+    for inst in state.instances.values():
+        if inst.shard_assignments.model_id == model_id:
+            for node in inst.shard_assignments.node_to_runner:
+                count[node] = count.get(node, 0) + 1
+    return count
+
+
 class MemoryPlanner:
     name = "memory"
 
@@ -171,7 +186,8 @@ class MemoryPlanner:
             detail = "; ".join(dict.fromkeys(rejections)) or "no connected set of nodes"
             kind = "memory_shortfall" if any("memory" in r for r in rejections) else "no_candidate"
             raise PlacementError(kind, f"cannot place {card.model_id}: {detail}")
-        best = min(viable, key=lambda c: self._rank(c, card, nodes))
+        hosting = replicas_by_node(state, card.model_id)
+        best = min(viable, key=lambda c: self._rank(c, card, nodes, hosting))
         return self._instance(request, card, best, instance_id, nodes)
 
     def _check(
@@ -232,11 +248,15 @@ class MemoryPlanner:
         return _Candidate(ring, backend, shares)
 
     @staticmethod
-    def _rank(c: _Candidate, card: ModelCard, caps: dict[str, NodeCapacity]) -> tuple[object, ...]:
+    def _rank(
+        c: _Candidate, card: ModelCard, caps: dict[str, NodeCapacity], hosting: dict[str, int]
+    ) -> tuple[object, ...]:
         pref = list(card.backend_preference)
         present = sum(card.model_id in caps[n].models_present for n in c.nodes)
         free = sum(caps[n].ram_available for n in c.nodes)
-        return (len(c.nodes), pref.index(c.backend) if c.backend in pref else len(pref), -present, -free, c.nodes)
+        replicas = sum(hosting.get(n, 0) for n in c.nodes)
+        backend = pref.index(c.backend) if c.backend in pref else len(pref)
+        return (len(c.nodes), replicas, backend, -present, -free, c.nodes)
 
     def _instance(
         self,
