@@ -140,9 +140,10 @@ def test_store_host_staging_eviction_purge_cancel_and_delete(nodes: Nodes, smoll
     cancelled = httpx.delete(f"{host.url}/store/models/{REPO_D}/download", timeout=10)
     assert cancelled.status_code == 200, cancelled.text
     host.wait_until(lambda: _status(host, REPO_D) == "cancelled", 30, "the cancel")
+    time.sleep(1.0)  # the hub's sender notices the closed connection
     stopped_at = sent()
     time.sleep(1.5)
-    assert sent() == stopped_at < size  # nothing more crosses
+    assert sent() - stopped_at <= 256 * 1024 and stopped_at < size  # nothing more crosses (15 MB/s before)
     assert httpx.delete(f"{host.url}/store/models/{REPO_D}/download", timeout=10).status_code == 404
 
     # ... and the worker asking for it makes the host resume it (the partial bytes kept), then stage it
