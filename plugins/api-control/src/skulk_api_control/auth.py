@@ -58,6 +58,13 @@ class ApiControlConfig(BaseModel):
     client_timeout_s: float = Field(
         default=30.0, gt=0, description="a client that sends nothing for this long is dropped"
     )
+    max_resumes: int = Field(
+        default=2, ge=0, description="times one generation may continue on another instance after its node died"
+    )
+    prefix_affinity: bool = Field(default=True, description="keep a conversation on the instance that cached it")
+    affinity_slack: int = Field(
+        default=1, ge=0, description="open tasks an affine instance may have over the least-loaded one"
+    )
 
 
 class KeyRecord(BaseModel):
@@ -150,6 +157,10 @@ _PUBLIC = ("/", "/ui", "/ui/", "/favicon.ico")
 def route_scope(method: str, path: str) -> Scope | None:
     """The scope a route needs: None for the dashboard's static files, which hold no data."""
     if method == "GET" and (path in _PUBLIC or path.startswith("/ui/")):
+        return None
+    if path.startswith("/store/peer/"):
+        # Node to node: the store checks membership itself (a grant goes to a member's data-plane
+        # stream; files need that grant's token in Authorization, which is not an API key).
         return None
     if path.startswith(_OLLAMA_INFERENCE):
         return "inference"

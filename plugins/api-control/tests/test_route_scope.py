@@ -1,0 +1,26 @@
+"""Which scope each route needs when API keys are enforced (the auth gate's one decision)."""
+
+from __future__ import annotations
+
+import pytest
+from skulk_api_control.auth import route_scope
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "scope"),
+    [
+        ("GET", "/", None),
+        ("GET", "/ui/assets/app.js", None),
+        ("POST", "/v1/chat/completions", "inference"),
+        ("POST", "/api/chat", "inference"),
+        ("GET", "/v1/models", "inference"),
+        ("GET", "/state", "operator"),
+        ("POST", "/place_instance", "operator"),
+        ("POST", "/store/purge-staging", "operator"),
+        # node to node: the store checks membership and its own transfer tokens
+        ("POST", "/store/peer/grant", None),
+        ("GET", "/store/peer/files/org/model", None),
+    ],
+)
+def test_route_scope(method: str, path: str, scope: str | None) -> None:
+    assert route_scope(method, path) == scope
