@@ -19,6 +19,7 @@ from skulk_kernel.api import (
     EmbeddingParams,
     ErrorChunk,
     FinishTask,
+    InstanceId,
     NodeSurface,
     Request,
     TextEmbedding,
@@ -30,6 +31,9 @@ from skulk_kernel.api import (
     new_id,
     resolve_card,
 )
+
+from .continuation import RESUMABLE_CODES, Resumer
+from .routing import router_for
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
 log = logging.getLogger("skulk.inference")
@@ -105,6 +109,8 @@ class InferenceHandle:
     observers: list[Any] = field(default_factory=list)
     finished: bool = False
     closed: bool = False
+    resumer: Resumer | None = None  # text generation: continues the stream elsewhere if its node dies
+    live_id: CommandId | None = None  # the command now streaming (differs from command_id once resumed)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Every chunk, the already-awaited first one included; ends after the terminal one.
@@ -114,6 +120,8 @@ class InferenceHandle:
         """
         chunk = self.first
         while True:
+            if self.resumer is not None:
+                chunk = self.resumer.track(await self.continued(chunk))
             if is_terminal(chunk):
                 self.finished = True
             for middleware in list(self.observers):
@@ -127,21 +135,36 @@ class InferenceHandle:
                 return
             chunk = await self.iterator.__anext__()
 
+    async def continued(self, chunk: Chunk) -> Chunk:
+        """`chunk`, or, when it says the serving instance is gone, the first chunk of a resume."""
+        assert self.resumer is not None
+        if isinstance(chunk, ErrorChunk) and chunk.code in RESUMABLE_CODES:
+            failed = self.live_id or self.command_id
+            opened = await self.resumer.resume(chunk)
+            if opened is not None:
+                await self.resumer.abandon(failed)
+                self.live_id, self.iterator, chunk = opened.command_id, opened.iterator, opened.first
+        return chunk
+
     async def cancel(self) -> None:
         if not self.finished:
             self.finished = True
-            await self.node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=self.command_id))
+            live = self.live_id or self.command_id
+            await self.node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=live))
 
     async def close(self) -> None:
         """Always called (idempotent): cancels an unfinished task (client gone), frees the stream."""
         if self.closed:
             return
         self.closed = True
+        live = self.live_id or self.command_id
         if not self.finished:
             await self.cancel()
         else:
-            await self.node.submit(FinishTask(command_id=CommandId(new_id()), task_command_id=self.command_id))
-        self.node.streams.close(self.command_id)
+            await self.node.submit(FinishTask(command_id=CommandId(new_id()), task_command_id=live))
+        self.node.streams.close(live)
+        if self.resumer is not None:
+            self.resumer.release()
 
 
 # Errors that arrive as the first chunk but belong before the response: code -> HTTP status.
@@ -155,6 +178,8 @@ _EARLY_ERRORS = {
     "node_gone": 503,
     "runner_crashed": 503,
 }
+_EARLY_NOT_RESUMABLE = {code: status for code, status in _EARLY_ERRORS.items() if code not in RESUMABLE_CODES}
+DEFAULT_MAX_RESUMES = 2
 
 
 async def start(
@@ -192,6 +217,13 @@ async def start(
             beside.cancel()
     observers = list(node.middleware) if observe else []
     handle = InferenceHandle(node, command.command_id, iterator, first, command=command, observers=observers)
+    await _raise_early(handle, early_errors)
+    return handle
+
+
+async def _raise_early(handle: InferenceHandle, early_errors: Mapping[str, int]) -> None:
+    """A first chunk that is an error belonging before the response: close, and raise its status."""
+    first = handle.first
     status = early_errors.get(first.code or "") if isinstance(first, ErrorChunk) else None
     if isinstance(first, ErrorChunk) and status is not None:
         handle.finished = True
@@ -202,7 +234,6 @@ async def start(
             code=first.code,
             error_type="invalid_request_error" if status < 500 else "server_error",
         )
-    return handle
 
 
 async def generate(node: NodeSurface, params: TextGenerationParams, command_id: str | None = None) -> InferenceHandle:
@@ -214,8 +245,35 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
     model_id = resolve_model_id(node, params.model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextGeneration(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
-    return await start(node, _transform(node, command))
+    router = router_for(node)
+    pinned = router.choose(node, model_id, params.messages)
+    command = TextGeneration(
+        command_id=CommandId(command_id or new_id()),
+        owner_node_id=node.node_id,
+        params=params,
+        instance_id=InstanceId(pinned) if pinned else None,
+    )
+    command = _transform(node, command)
+    router.started(command.command_id, pinned, params.messages)
+    config = node.plugin_config("api-control")
+    resumer = Resumer(
+        node,
+        router,
+        command.params,
+        pinned,
+        lambda again: start(node, again, early_errors={}, observe=False),
+        getattr(config, "max_resumes", DEFAULT_MAX_RESUMES),
+    )
+    try:
+        handle = await start(node, command, early_errors=_EARLY_NOT_RESUMABLE)
+    except BaseException:
+        router.finished(command.command_id)
+        raise
+    handle.resumer = resumer
+    if isinstance(handle.first, ErrorChunk) and handle.first.code in RESUMABLE_CODES:
+        handle.first = await handle.continued(handle.first)  # gone before its first token: try another
+        await _raise_early(handle, _EARLY_ERRORS)
+    return handle
 
 
 async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:

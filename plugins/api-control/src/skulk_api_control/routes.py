@@ -29,7 +29,9 @@ from skulk_kernel.api import (
     resolve_card,
 )
 
+from .continuation import stats_for
 from .reference_wire import from_reference, instance_meta_error, to_reference
+from .routing import router_for
 from .state_view import master_log_status, state_view
 
 RECENT_EVENTS = 2000
@@ -50,6 +52,9 @@ def error(status: int, message: str, code: str | None = None, param: str | None 
         status_code=status,
         headers=headers,
     )
+
+
+MAX_REPLICAS = 16
 
 
 class RecentEvents:
@@ -119,6 +124,9 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             return body
         if not isinstance(body.get("model_id"), str):
             return error(400, "model_id is required (GET /models lists them)", "missing_model_id", "model_id")
+        replicas = body.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= MAX_REPLICAS:
+            return error(400, f"replicas must be an integer from 1 to {MAX_REPLICAS}", "invalid_replicas", "replicas")
         try:
             command = _placement_body(body)
         except ValidationError as exc:  # (a ValueError too: caught first)
@@ -133,11 +141,16 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         if card is None:  # the preview resolved it a moment ago: the catalog changed under us
             return error(404, f"model {command.model_id!r} is not in the catalog", "model_not_found", "model_id")
         command = command.model_copy(update={"model_id": card.model_id})
-        await node.submit(command)
+        # each replica is its own placement; the master sequences them and the planner puts each
+        # on a node that does not serve the model yet where one fits (planner.replicas_by_node)
+        commands = [command, *(command.model_copy(update={"command_id": new_id()}) for _ in range(replicas - 1))]
+        for each in commands:
+            await node.submit(each)
         return {
-            "message": f"placing {card.model_id}",
+            "message": f"placing {card.model_id}" + (f" ({replicas} replicas)" if replicas > 1 else ""),
             "command_id": command.command_id,
             "instance_id": command.command_id,
+            "instance_ids": [c.command_id for c in commands],
             "model_card": card.wire(),
         }
 
@@ -317,6 +330,8 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             "eventLog": dataclasses.asdict(log_status) if log_status is not None else None,
             "hookFailures": [{"hook": h, "plugin": p, "error": e} for h, p, e in node.hooks.failures[-20:]],
             "openStreams": len(node.streams.open_ids()),
+            "resumes": stats_for(node).describe(),
+            "routing": router_for(node).describe(),
             "stateHash": node.state.state_hash(),
             "transports": {
                 plane: (t.describe() if hasattr(t, "describe") else {"name": t.name})
