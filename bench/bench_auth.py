@@ -193,7 +193,7 @@ loopback_needs_key = {needs_key}
 """
 
 
-def _cluster(tmp: Path, on: bool) -> tuple[Any, Any, str | None]:
+def _cluster(tmp: Path, on: bool, started: list[Any]) -> tuple[Any, Any, str | None]:
     from skulk_testing.nodes import start_node
 
     name = "on" if on else "off"
@@ -203,6 +203,7 @@ def _cluster(tmp: Path, on: bool) -> tuple[Any, Any, str | None]:
         path = profiles[role] = tmp / f"{name}-{role}.toml"
         path.write_text(PROFILE.format(secure=str(on).lower(), needs_key=str(needs_key).lower()))
     worker = start_node(str(profiles["worker"]), "--node-name", f"{name}-w", home=tmp / f"{name}-w", env=env)
+    started.append(worker)
     worker.wait_api(120)
     port = worker.get("/v1/diagnostics/node").json()["transports"]["control"]["listen"][0].rsplit(":", 1)[1]
     api = start_node(
@@ -215,13 +216,12 @@ def _cluster(tmp: Path, on: bool) -> tuple[Any, Any, str | None]:
         home=tmp / f"{name}-a",
         env=env,
     )
-    api.wait_api(120)
+    started.append(api)
+    if on:  # its /node_id needs a key too: wait for the cluster through the worker, then with the key
+        worker.wait_until(lambda: len(worker.state().get("topology", {}).get("nodes", {})) >= 2, 120, "the API node")
+    else:
+        api.wait_api(120)
 
-    def agreed() -> bool:
-        views = {n.get("/v1/diagnostics/node", timeout=3).json()["runtime"]["masterNodeId"] for n in (api, worker)}
-        return len(views) == 1 and None not in views
-
-    worker.wait_until(agreed, 90, "both nodes to agree on a master")
     worker.wait_until(
         lambda: (
             worker.post("/place_instance", json={"model_id": "skulk/echo", "excluded_nodes": []}).status_code == 200
@@ -243,10 +243,12 @@ def bench_api(requests: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="skulk-bench-auth-"))
     started: list[Any] = []
     try:
-        on_api, on_worker, key = _cluster(tmp, True)
-        started += [on_api, on_worker]
-        off_api, off_worker, _ = _cluster(tmp, False)
-        started += [off_api, off_worker]
+        on_api, _, key = _cluster(tmp, True, started)
+        off_api, _, _ = _cluster(tmp, False, started)
+        auth = {"authorization": f"Bearer {key}"}
+        on_api.wait_until(
+            lambda: on_api.get("/v1/models", headers=auth).status_code == 200, 60, "the key on the API node"
+        )
         headers = {True: {"authorization": f"Bearer {key}"}, False: {}}
         clients = {on: httpx.Client(timeout=60, headers=headers[on]) for on in (True, False)}
         apis = {True: on_api, False: off_api}
