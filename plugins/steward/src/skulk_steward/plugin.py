@@ -1,0 +1,49 @@
+"""Entry point of the steward plugin: hookimpls only, light imports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import ModelCard, NodeSurface
+
+from .config import PLUGIN, StewardConfig
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, StewardConfig)
+
+
+@hookimpl
+def startup(node: NodeSurface) -> None:
+    from .service import StewardService
+
+    service = StewardService(node, node.plugin_config(PLUGIN) or StewardConfig())
+    node.extensions[PLUGIN] = service
+    node.spawn(service.run(), "steward")
+
+
+@hookimpl
+def resolve_model(ref: str, catalog: dict[str, ModelCard]) -> ModelCard | None:
+    from .routing import resolve
+
+    return resolve(ref, catalog)
+
+
+@hookimpl
+def wrap_inference(node: NodeSurface) -> Any:
+    from .routing import StewardMiddleware
+
+    return StewardMiddleware(node)
+
+
+@hookimpl
+def register_api_routes(app: Any, node: NodeSurface) -> None:
+    from .routes import add_steward_routes
+    from .routing import StewardGate
+
+    add_steward_routes(app, node)
+    app.add_middleware(StewardGate, node=node)
