@@ -1,0 +1,1 @@
+"""Skulk video engines: ComfyUI (a managed loopback server) and the deterministic test video engine."""

@@ -1,0 +1,89 @@
+"""`skulk-kernel engines install comfyui`: a ComfyUI checkout and its own environment, where the
+internet allows (ComfyUI is a repository, not a wheel; no package registry has it).
+
+It clones a pinned commit of ComfyUI into `<home>/engines/comfyui/<commit>`, creates a venv there
+and installs ComfyUI's requirements (torch among them: on NVIDIA install the CUDA wheels first, see
+the README), building in a staging folder renamed into place only when everything succeeded, so a
+half-finished install is never used. Then point the engine at it: `comfyui_root` and
+`comfyui_python` in `[plugins.video-comfyui]` (or SKULK_COMFY_ROOT / SKULK_COMFY_BIN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPOSITORY = "https://github.com/comfyanonymous/ComfyUI.git"
+PINNED = "v0.3.64"  # the version whose protocol FACTS.md records
+
+
+def checkout_commit(root: Path) -> str:
+    """The checkout's commit (short), read from .git without running git; '' when unknown."""
+    head = root / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            ref = (root / ".git" / ref[5:]).read_text().strip()
+        return ref[:12]
+    except OSError:
+        return ""
+
+
+def install(home: Path, ref: str, say: Any = print) -> Path:
+    target = home / "engines" / "comfyui" / ref
+    if (target / "main.py").is_file() and (target / ".venv").is_dir():
+        say(f"already installed: {target}")
+        return target
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    steps = [
+        ["git", "clone", "--depth", "1", "--branch", ref, REPOSITORY, str(staging)],
+        [sys.executable, "-m", "venv", str(staging / ".venv")],
+        [str(staging / ".venv" / "bin" / "python"), "-m", "pip", "install", "-r", str(staging / "requirements.txt")],
+    ]
+    for argv in steps:
+        say("$ " + " ".join(argv))
+        if subprocess.run(argv, check=False).returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RuntimeError(f"{argv[0]} failed; nothing was installed (is the internet reachable?)")
+    os.replace(staging, target)
+    return target
+
+
+def add_engines_command(cli: Any) -> None:
+    """Add `engines install comfyui` (and `engines status`), or join an `engines` command that exists."""
+    existing = cli.choices.get("engines") if hasattr(cli, "choices") else None
+    if existing is not None:
+        return  # another engine plugin owns `engines`; use `skulk-kernel comfyui-install` instead
+    engines = cli.add_parser("engines", help="install engines that live in their own environment")
+    sub = engines.add_subparsers(dest="engines_command", required=True)
+    setup = sub.add_parser("install", help="clone ComfyUI at a pinned version and create its environment")
+    setup.add_argument("engine", choices=["comfyui"])
+    setup.add_argument("--ref", default=PINNED, help=f"tag or branch to clone (default {PINNED})")
+    setup.add_argument("--home", default=os.environ.get("SKULK_HOME", "~/.skulk"))
+    setup.set_defaults(func=cmd_install)
+
+
+def add_fallback_command(cli: Any) -> None:
+    if "comfyui-install" in getattr(cli, "choices", {}):
+        return
+    setup = cli.add_parser("comfyui-install", help="clone ComfyUI at a pinned version and create its environment")
+    setup.add_argument("--ref", default=PINNED)
+    setup.add_argument("--home", default=os.environ.get("SKULK_HOME", "~/.skulk"))
+    setup.set_defaults(func=cmd_install)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    try:
+        root = install(Path(args.home).expanduser(), args.ref)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f'done. In [plugins.video-comfyui]: comfyui_root = "{root}", comfyui_python = "{root}/.venv/bin/python"')
+    return 0

@@ -1,0 +1,79 @@
+"""Entry point of the video engines plugin: hookimpls only, light imports (engines load in runners)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import IndexedEvent, NodeSurface, State
+
+from .config import PLUGIN, VideoConfig
+
+
+def _config(node: NodeSurface | None) -> VideoConfig:
+    return (node.plugin_config(PLUGIN) if node is not None else None) or VideoConfig()
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, VideoConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Any], None], node: NodeSurface | None) -> None:
+    from .engines import engines
+
+    for engine in engines(_config(node)):
+        register(engine)
+
+
+@hookimpl
+def register_model_stores(register: Callable[[Any], None], node: NodeSurface | None) -> None:
+    from .cards import VideoModelStore
+
+    register(VideoModelStore(_config(node)))
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    builds = facts.setdefault("engine_builds", {})
+    builds.setdefault("test_video", "builtin")
+
+
+@hookimpl
+def register_cli_commands(cli: Any) -> None:
+    from .install import add_engines_command, add_fallback_command
+
+    add_engines_command(cli)
+    add_fallback_command(cli)
+
+
+@hookimpl
+def startup(node: NodeSurface) -> None:
+    from skulk_api_media.inputs import InputReceiver
+
+    config = _config(node)
+    node.extensions[PLUGIN] = InputReceiver(node, config.max_input_bytes, config.input_timeout_s)
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
+    receiver = node.extensions.get(PLUGIN)
+    if receiver is None:
+        return
+    kind = type(event.event).__name__
+    if kind == "TaskCreated":
+        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
+    elif kind == "TaskDeleted":
+        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
+    elif kind == "InstanceDeleted":
+        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+
+
+@hookimpl
+def shutdown(node: NodeSurface) -> None:
+    receiver = node.extensions.pop(PLUGIN, None)
+    if receiver is not None:
+        receiver.close()
