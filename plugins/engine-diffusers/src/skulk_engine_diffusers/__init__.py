@@ -1,0 +1,1 @@
+"""Skulk image engine on diffusers (see README.md)."""

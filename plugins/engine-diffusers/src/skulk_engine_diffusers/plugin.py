@@ -1,0 +1,82 @@
+"""Entry point of the diffusers image engine: hookimpls only, light imports (torch loads in runners)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from skulk_kernel import hookimpl
+from skulk_kernel.api import IndexedEvent, NodeSurface, State
+
+from .config import PLUGIN, DiffusersConfig
+
+
+def _config(node: NodeSurface | None) -> DiffusersConfig:
+    return (node.plugin_config(PLUGIN) if node is not None else None) or DiffusersConfig()
+
+
+@hookimpl
+def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
+    register(PLUGIN, DiffusersConfig)
+
+
+@hookimpl
+def register_engines(register: Callable[[Any], None]) -> None:
+    from .engine import DiffusersEngine
+
+    register(DiffusersEngine())
+
+
+@hookimpl
+def register_model_stores(register: Callable[[Any], None], node: NodeSurface | None) -> None:
+    from .cards import DiffusersModelStore
+
+    register(DiffusersModelStore(_config(node).model_dirs))
+
+
+@hookimpl
+def probe_node(facts: dict[str, Any]) -> None:
+    from .engine import DiffusersEngine
+
+    probe = DiffusersEngine().probe()
+    if probe.available:
+        facts.setdefault("engine_builds", {})["diffusers"] = probe.version
+
+
+@hookimpl
+def register_api_routes(app: Any, node: NodeSurface) -> None:
+    from .files import ImageFiles
+    from .routes import add_image_routes
+
+    config = _config(node)
+    add_image_routes(app, node, config, ImageFiles(config.url_ttl_s, config.url_store_bytes))
+
+
+@hookimpl
+def startup(node: NodeSurface) -> None:
+    from .inputs import InputReceiver
+
+    config = _config(node)
+    node.extensions[PLUGIN] = InputReceiver(node, config.max_upload_bytes, config.upload_timeout_s)
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
+    receiver = node.extensions.get(PLUGIN)
+    if receiver is None:
+        return
+    kind = type(event.event).__name__
+    if kind == "TaskCreated":
+        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
+    elif kind == "TaskDeleted":
+        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
+    elif kind == "InstanceDeleted":
+        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+
+
+@hookimpl
+def shutdown(node: NodeSurface) -> None:
+    receiver = node.extensions.pop(PLUGIN, None)
+    if receiver is not None:
+        receiver.close()
