@@ -40,13 +40,9 @@ from skulk_kernel.api import (
     Request,
     Retry,
     RunnerStatusUpdated,
-    SpeechSynthesis,
     State,
     StateSnapshot,
-    TextEmbedding,
-    TextGeneration,
     Topic,
-    Transcription,
     Unpark,
     apply,
     capacities,
@@ -236,7 +232,7 @@ class Master:
         await self.carry_out(decision, forwarded.origin)
 
     async def _refuse(self, command: Any, reason: str) -> None:
-        if isinstance(command, TextGeneration | TextEmbedding | SpeechSynthesis | Transcription):
+        if isinstance(command, Request):  # a request's owner waits for an answer
             await self.node.send_chunk(
                 command.owner_node_id,
                 ErrorChunk(
