@@ -37,7 +37,9 @@ canary_interval_s = 2
 def _profile(tmp: Path, models: list[str], default_models: list[str], ttl: float = 600) -> Path:
     path = tmp / f"steward-{uuid.uuid4().hex[:6]}.toml"
     path.write_text(
-        PROFILE.format(models=repr(models).replace("'", '"'), default_models=repr(default_models).replace("'", '"'), ttl=ttl)
+        PROFILE.format(
+            models=repr(models).replace("'", '"'), default_models=repr(default_models).replace("'", '"'), ttl=ttl
+        )
     )
     return path
 
@@ -113,7 +115,9 @@ def test_one_steward_replaced_after_kill_and_hidden_and_proposals(tmp_path: Path
         assert approved.status_code == 200, approved.text
         wait(lambda: user not in nodes[1].state()["instances"], 15, "the approved delete")
         done = wait(
-            lambda: next(p for p in nodes[1].get("/v1/steward").json()["proposals"] if p["id"] == pid)["status"] == "done",
+            lambda: (
+                next(p for p in nodes[1].get("/v1/steward").json()["proposals"] if p["id"] == pid)["status"] == "done"
+            ),
             15,
             "the outcome",
         )
@@ -121,16 +125,22 @@ def test_one_steward_replaced_after_kill_and_hidden_and_proposals(tmp_path: Path
         again = nodes[1].post(f"/v1/steward/proposals/{pid}/approve")
         assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
         steward_id = stewards(nodes[0])[0]["instanceId"]
-        refused = nodes[0].post("/v1/steward/proposals", json={"action": {"kind": "delete_instance", "instance_id": steward_id}})
+        refused = nodes[0].post(
+            "/v1/steward/proposals", json={"action": {"kind": "delete_instance", "instance_id": steward_id}}
+        )
         assert refused.status_code == 400
-        late = nodes[0].post("/v1/steward/proposals", json={"action": {"kind": "place_instance", "model_id": "skulk/echo"}})
+        late = nodes[0].post(
+            "/v1/steward/proposals", json={"action": {"kind": "place_instance", "model_id": "skulk/echo"}}
+        )
         late_id = late.json()["id"]
         time.sleep(6.5)
         expired = nodes[0].post(f"/v1/steward/proposals/{late_id}/approve")
         assert expired.status_code in (409, 410), expired.text  # 410 before the master marks it, 409 after
         wait(
-            lambda: next(p for p in nodes[0].get("/v1/steward").json()["proposals"] if p["id"] == late_id)["status"]
-            == "expired",
+            lambda: (
+                next(p for p in nodes[0].get("/v1/steward").json()["proposals"] if p["id"] == late_id)["status"]
+                == "expired"
+            ),
             10,
             "the expiry",
         )

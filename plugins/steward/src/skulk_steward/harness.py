@@ -85,10 +85,20 @@ async def run_turn(node: NodeSurface, command: TextGeneration, instance_id: str,
             await outer.send(ErrorChunk, message=f"the steward failed: {type(exc).__name__}: {exc}")
 
 
+#: codes dispatch would resume on another instance of the *client's* model (skulk/steward has
+#: none); a failed step is a not-ready steward to the client instead (503 before the first byte)
+_NOT_RESUMABLE = {
+    "node_gone": "instance_not_ready",
+    "runner_crashed": "instance_not_ready",
+    "instance_gone": "instance_not_ready",
+}
+
+
 class _Failed(Exception):
     def __init__(self, message: str, code: str | None, error_type: str = "server_error") -> None:
         super().__init__(message)
-        self.message, self.code, self.error_type = message, code, error_type
+        self.message, self.error_type = message, error_type
+        self.code = _NOT_RESUMABLE.get(code or "", code)
 
 
 async def _loop(

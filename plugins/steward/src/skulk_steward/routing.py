@@ -11,8 +11,10 @@ three steps:
    `resolve_model("skulk/steward")` answers the steward instance's card (the hook has no node:
    the mark carries what it needs).
 2. `StewardMiddleware.transform` finds the mark on a TextGeneration for the steward's model, starts
-   the harness for that command id and returns an inert `FinishTask` of the same id (the master
-   finds no such task and does nothing), so the stream dispatch opened is fed by the harness alone.
+   the harness for that command id and returns the command made inert: its model is `skulk/steward`
+   (no instance serves that id, so the master creates no task) and its owner is no node (so the
+   master's refusal reaches nobody). The stream dispatch opened is fed by the harness alone.
+   (dispatch has no seam for a model served by a plugin; see docs/steward.md.)
 3. A request that arrives while the steward is not ready never reaches dispatch: the gate answers
    503 with the reason in the route's own error shape (404 would say "no such model").
 """
@@ -24,7 +26,7 @@ import json
 import logging
 from typing import Any
 
-from skulk_kernel.api import Chunk, Command, CommandId, FinishTask, ModelCard, NodeSurface, TextGeneration
+from skulk_kernel.api import Chunk, Command, ModelCard, ModelId, NodeId, NodeSurface, TextGeneration
 
 from .config import MODEL_REF, PLUGIN
 
@@ -32,6 +34,7 @@ log = logging.getLogger("skulk.steward")
 #: (instance id, model id) of the steward, set by the gate for one `skulk/steward` request
 _TURN: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("skulk_steward_turn", default=None)
 
+INERT_OWNER = "skulk-steward-harness"  # no node has this id
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/messages", "/v1/responses", "/responses", "/api/chat")
 
 
@@ -68,7 +71,10 @@ class StewardMiddleware:
         self.node.spawn(
             _unmarked(run_turn(self.node, command, instance_id, service.config)), f"steward-{command.command_id[:8]}"
         )
-        return FinishTask(command_id=command.command_id, task_command_id=CommandId(f"steward-{command.command_id}"))
+        # Inert for the master: no instance serves MODEL_REF, and its refusal goes to an owner that
+        # is no node, so the request's stream is fed by the harness alone.
+        params = command.params.model_copy(update={"model_id": ModelId(MODEL_REF)})
+        return command.model_copy(update={"owner_node_id": NodeId(INERT_OWNER), "params": params, "instance_id": None})
 
     def observe(self, command: Command, chunk: Chunk) -> None:
         return None
