@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.conftest import MODELS_DIR  # noqa: E402
-from tests.steward.test_steward_qwen import start_qwen_cluster, wait  # noqa: E402
+from tests.conftest import MODELS_DIR
+from tests.steward.test_steward_qwen import start_qwen_cluster, wait
 
 
 def main() -> None:
@@ -27,7 +27,10 @@ def main() -> None:
             ("Which node is the master?", lambda a: master in a),
             ("Are any user model instances placed?", lambda a: re.search(r"\b(no|none|not)\b", a.lower())),
             ("Which node runs the steward service?", lambda a: steward_node in a),
-            ("Can the model Qwen/Qwen2.5-Coder-0.5B-Instruct be placed now?", lambda a: re.search(r"\b(yes|can|would)\b", a.lower())),
+            (
+                "Can the model Qwen/Qwen2.5-Coder-0.5B-Instruct be placed now?",
+                lambda a: re.search(r"\b(yes|can|would)\b", a.lower()),
+            ),
         ]
         right = 0
         for question, check in questions:

@@ -193,7 +193,7 @@ class StewardService:
                 self.placing_until = time.monotonic() + 15.0
                 log.info("steward: placing %s", command.model_id)
             else:
-                log.info("steward: deleting %s (%s)", command.instance_id, "lost or duplicate")
+                log.info("steward: %s (a lost or duplicate steward)", type(command).__name__)
             await self.node.submit(command)
         if not any(isinstance(c, PlaceInstance) for c in planned.commands):
             self.placing_until = 0.0  # a steward exists (or none fits): the next loss places at once
