@@ -194,6 +194,8 @@ class GenerationStats(WireModel):
     generation_tps: float = 0.0
     ttft_ms: float = 0.0
     backend: str = ""
+    draft_tokens: int = 0  # speculative decoding: tokens the draft model proposed
+    draft_accepted: int = 0  # ... and how many of them the model kept
 
 
 class ChunkBase(Tagged):
