@@ -53,6 +53,8 @@ class ResumeStats:
     resumed: int = 0  # continued on another instance
     gave_up: int = 0  # ended with the error: no other instance, the limit, or the retry failed too
     gaps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    last_prefix_chars: int = 0  # text the last resume continued from (what the client had)
+    last_prefix_tokens: int = 0
 
     def describe(self) -> dict[str, Any]:
         gaps = sorted(self.gaps_ms)
@@ -62,6 +64,8 @@ class ResumeStats:
             "gaveUp": self.gave_up,
             "lastGapsMs": [round(g, 1) for g in list(self.gaps_ms)[-10:]],
             "gapP50Ms": round(gaps[len(gaps) // 2], 1) if gaps else None,
+            "lastPrefixChars": self.last_prefix_chars,
+            "lastPrefixTokens": self.last_prefix_tokens,
         }
 
 
@@ -220,6 +224,8 @@ class Resumer:
                 self.stats.gave_up += 1
                 return opened  # a different failure: the client sees that one
             self.stats.resumed += 1
+            self.stats.last_prefix_chars = sum(len(t) for t in self.progress.text)
+            self.stats.last_prefix_tokens = self.progress.tokens
             self.stats.gaps_ms.append((time.monotonic() - self.last_at) * 1000)
             return opened
 

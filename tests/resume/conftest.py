@@ -1,0 +1,110 @@
+"""A real cluster for the [resume] tests: one API node (the master, no worker) and SmolLM2 replicas
+on worker nodes that the tests kill with SIGKILL and replace with fresh ones.
+
+The node timeout is long on purpose: the tests manage the replicas themselves, so no prune or
+automatic re-placement moves an instance while a test counts them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from skulk_testing.nodes import NodeProcess
+
+from tests.cluster.conftest import PROFILE, Cluster, instance_nodes
+from tests.conftest import CHAT_MODEL
+
+
+def open_tasks(state: dict[str, Any]) -> list[dict[str, Any]]:
+    tasks = [next(iter(t.values())) for t in state["tasks"].values()]
+    return [t for t in tasks if t["status"] in ("Pending", "Running")]
+
+
+class Fabric:
+    """The cluster plus what the tests ask of it: N ready replicas on N live workers, kill the server."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.api = cluster.start("--force-master", "--no-worker")
+        self.api.wait_api(60)
+        self.api_id = cluster.node_id(self.api)
+        self.workers: list[NodeProcess] = []
+
+    def live_workers(self) -> dict[str, NodeProcess]:
+        return {self.cluster.node_id(w): w for w in self.workers if w.proc is not None and w.proc.poll() is None}
+
+    def ready_by_node(self) -> dict[str, str]:
+        """live worker node id -> a ready instance of the chat model on it."""
+        state = self.api.state()
+        live = self.live_workers()
+        ready = set(self.api.ready_instances(CHAT_MODEL))
+        return {nodes[0]: iid for iid, nodes in instance_nodes(state).items() if iid in ready and nodes[0] in live}
+
+    def replicas(self, n: int, timeout: float = 240) -> list[str]:
+        """Exactly `n` ready replicas on `n` different live workers (starting workers as needed)."""
+        while len(self.live_workers()) < n:
+            worker = self.cluster.start()
+            worker.wait_api(60)
+            self.workers.append(worker)
+        live = self.live_workers()
+        in_topology = lambda: set(live) <= set(self.api.state()["topology"]["nodes"])  # noqa: E731
+        self.api.wait_until(in_topology, 60, "the workers in the API node's topology")
+        for iid in list(self.ready_by_node().values())[n:]:
+            assert httpx.delete(self.api.url + "/instance/" + iid, timeout=30).status_code == 200
+        asked: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            placed = {nodes[0] for nodes in instance_nodes(self.api.state()).values() if nodes[0] in live} | asked
+            for node_id in [k for k in live if k not in placed][: max(0, n - len(placed))]:
+                others = [self.api_id, *(k for k in live if k != node_id)]
+                response = self.api.post("/place_instance", json={"model_id": CHAT_MODEL, "excluded_nodes": others})
+                if response.status_code == 200:  # else its telemetry is not in yet: next round
+                    asked.add(node_id)
+            found = self.ready_by_node()
+            if len(found) == n:
+                return list(found.values())
+            time.sleep(0.5)
+        raise TimeoutError(f"no {n} ready replicas in {timeout}s: {self.ready_by_node()}")
+
+    def serving_node(self) -> str:
+        """The node running the one open generation (waits for its task to appear)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            state = self.api.state()
+            tasks = open_tasks(state)
+            if tasks:
+                return instance_nodes(state)[tasks[0]["instanceId"]][0]
+            time.sleep(0.05)
+        raise TimeoutError("no open task")
+
+    def kill_serving(self) -> str:
+        node_id = self.serving_node()
+        self.live_workers()[node_id].kill()
+        return node_id
+
+    def resumes(self) -> dict[str, Any]:
+        return self.api.get("/v1/diagnostics/node").json()["resumes"]
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Fabric]:
+    pytest.importorskip("xllamacpp")
+    tmp = tmp_path_factory.mktemp("resume")
+    profile = tmp / "profile.toml"
+    profile.write_text(
+        PROFILE.replace('"api-openai"]', '"api-openai", "api-anthropic", "api-ollama"]').format(
+            default_models="[]", timeout=600.0, multicast="true", engine="engine-llamacpp"
+        )
+        + "\n[plugins.engine-llamacpp]\nn_threads = 1\nn_threads_batch = 1\n"
+    )
+    cluster = Cluster(tmp, profile, f"r{uuid.uuid4().hex[:10]}", {"SKULK_MODELS_DIR": str(models_dir)})
+    try:
+        yield Fabric(cluster)
+    finally:
+        cluster.stop()
