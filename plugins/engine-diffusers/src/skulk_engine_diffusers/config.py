@@ -16,6 +16,12 @@ class DiffusersConfig(BaseModel):
         description="folders whose sub-folders are diffusers pipelines (a model_index.json each); "
         "each becomes a card named after the folder",
     )
+    threads: int = Field(
+        default=1,
+        ge=0,
+        description="CPU threads torch uses in the runner (0: torch's default, every core). 1 by default: on a "
+        "small shared box two OpenMP threads spin against other processes and run several times slower",
+    )
     max_n: int = Field(default=4, ge=1, le=10, description="images per request (OpenAI allows 1-10)")
     max_pixels: int = Field(default=1024 * 1024, ge=64 * 64, description="width x height of one image, at most")
     max_image_bytes: int = Field(default=32 * 2**20, ge=2**16, description="bytes of one made image, at most")

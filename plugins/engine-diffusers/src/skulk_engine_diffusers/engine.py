@@ -101,12 +101,12 @@ class DiffusersEngine:
         if spec.model_path is None:
             raise FileNotFoundError(f"no diffusers folder for {spec.card.model_id} on this node")
         progress(0, 1)
-        threads = int(spec.options.get("threads", 0))
+        device = "cuda" if spec.shard.backend.endswith("-cuda") and torch.cuda.is_available() else "cpu"
+        threads = int(spec.options.get("threads", 1))
         if threads > 0:
             torch.set_num_threads(threads)
-        device = "cuda" if spec.shard.backend.endswith("-cuda") and torch.cuda.is_available() else "cpu"
         dtype = torch.float16 if device == "cuda" else torch.float32
-        pipe = DiffusionPipeline.from_pretrained(str(spec.model_path), torch_dtype=dtype, local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(str(spec.model_path), dtype=dtype, local_files_only=True)
         pipe = pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
         progress(1, 1)
