@@ -92,19 +92,30 @@ class Fabric:
         return self.api.get("/v1/diagnostics/node").json()["resumes"]
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Fabric]:
-    pytest.importorskip("xllamacpp")
-    tmp = tmp_path_factory.mktemp("resume")
+def make_fabric(tmp: Path, models_dir: Path, *, affinity: bool = True) -> Fabric:
+    """A fresh API node (master) with its own network version; workers come with `replicas()`."""
+    tmp.mkdir(parents=True, exist_ok=True)
     profile = tmp / "profile.toml"
     profile.write_text(
         PROFILE.replace('"api-openai"]', '"api-openai", "api-anthropic", "api-ollama"]').format(
             default_models="[]", timeout=600.0, multicast="true", engine="engine-llamacpp"
         )
         + "\n[plugins.engine-llamacpp]\nn_threads = 1\nn_threads_batch = 1\n"
+        + f"\n[plugins.api-control]\nprefix_affinity = {str(affinity).lower()}\n"
     )
     cluster = Cluster(tmp, profile, f"r{uuid.uuid4().hex[:10]}", {"SKULK_MODELS_DIR": str(models_dir)})
     try:
-        yield Fabric(cluster)
-    finally:
+        return Fabric(cluster)
+    except BaseException:
         cluster.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator[Fabric]:
+    pytest.importorskip("xllamacpp")
+    made = make_fabric(tmp_path_factory.mktemp("resume"), models_dir)
+    try:
+        yield made
+    finally:
+        made.cluster.stop()

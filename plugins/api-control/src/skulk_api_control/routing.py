@@ -54,7 +54,8 @@ class InstanceRouter:
         self._in_flight: dict[str, str] = {}  # command id -> instance id (sent by this node, not closed)
         self._prefixes: OrderedDict[str, str] = OrderedDict()  # prefix key -> instance id
         self.routed = 0
-        self.affinity_hits = 0
+        self.prefix_known = 0  # routed requests whose message prefix an instance served before
+        self.affinity_hits = 0  # ... and that went to that instance (its prompt cache)
 
     def load(self, node: NodeSurface, instance_ids: Iterable[str]) -> dict[str, int]:
         """Open tasks per instance: State's (every API node's) plus this node's not yet indexed."""
@@ -91,16 +92,16 @@ class InstanceRouter:
         load = self.load(node, ready)
         least = min(ready, key=lambda i: (load[i], i))
         self.routed += 1
-        if self.affinity:
-            for key in reversed(prefix_keys(messages)):
-                owner = self._prefixes.get(key)
-                if owner is None or owner not in load:
-                    continue
-                if load[owner] <= load[least] + self.affinity_slack:
-                    self.affinity_hits += 1
-                    return owner
-                break  # its instance is too busy: balance instead
-        return least
+        owner = next(
+            (o for k in reversed(prefix_keys(messages)) if (o := self._prefixes.get(k)) is not None and o in load), None
+        )
+        chosen = least
+        if self.affinity and owner is not None and load[owner] <= load[least] + self.affinity_slack:
+            chosen = owner  # else its instance is too busy: balance instead
+        if owner is not None:  # a request whose prefix one instance has cached
+            self.prefix_known += 1
+            self.affinity_hits += chosen == owner
+        return chosen
 
     def started(self, command_id: str, instance_id: str | None, messages: Sequence[ChatMessage] = ()) -> None:
         if instance_id is None:
@@ -120,6 +121,7 @@ class InstanceRouter:
             "prefixAffinity": self.affinity,
             "affinitySlack": self.affinity_slack,
             "routed": self.routed,
+            "prefixKnown": self.prefix_known,
             "affinityHits": self.affinity_hits,
             "inFlight": len(self._in_flight),
             "knownPrefixes": len(self._prefixes),
