@@ -5,6 +5,7 @@
 On the gossipsub protocol: a frame that is not a protobuf (the DecodeError that used to kill the
 receiving process) and 64 KB of random bytes; on the skulk link protocol: a 64 KB random frame and
 a malformed hello; and 64 KB of random bytes on a raw TCP connection. Prints "done" at the end.
+With --outsider it only tries to connect without the cluster secret and prints "refused" or "connected".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID, Transport
 from skulk_transport_libp2p.config import network_psk
+from skulk_transport_zenoh.secret import resolve_secret
 
 
 def varint(n: int) -> bytes:
@@ -33,15 +35,27 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-async def attack(version: str, target: str) -> None:
+async def attack(version: str, target: str, outsider: bool) -> None:
     key = create_new_key_pair()
+    # A member (it holds this user's cluster secret) whose frames are garbage; or, with --outsider,
+    # a node of the right version without the secret, which must not even connect.
+    secret = b"" if outsider else resolve_secret().key(f"libp2p-pnet:{version}")
     host = new_host(
         key_pair=key,
         sec_opt={PROTOCOL_ID: Transport(key, noise_privkey=create_x25519_key_pair().private_key)},
-        psk=network_psk(version),
+        psk=network_psk(version, secret),
     )
     info = info_from_p2p_addr(multiaddr.Multiaddr(target))
     async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        if outsider:
+            try:
+                with trio.fail_after(10):
+                    await host.connect(info)
+            except Exception as exc:
+                print(f"refused: {exc!r}", flush=True)
+            else:
+                print("connected", flush=True)
+            return
         await host.connect(info)
         garbage = os.urandom(64 * 1024)
         frames = [
@@ -73,5 +87,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--version", required=True)
     parser.add_argument("--target", required=True)
+    parser.add_argument("--outsider", action="store_true", help="no cluster secret: expect to be refused")
     args = parser.parse_args()
-    trio.run(attack, args.version, args.target)
+    trio.run(attack, args.version, args.target, args.outsider)

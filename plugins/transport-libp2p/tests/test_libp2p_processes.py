@@ -157,6 +157,19 @@ async def test_garbage_frames_do_not_kill_the_node(make_transport: Any, spawn: A
     print(f"after the attack: {hub.describe()['malformed_frames']} malformed frames, {hub.restarts} restarts")
 
 
+async def test_a_node_without_the_cluster_secret_cannot_connect(make_transport: Any, version: str) -> None:
+    hub = await make_transport("hub")
+    target = next(a for a in hub.listen if "/p2p/" in a)
+    outsider = subprocess.run(
+        [sys.executable, str(HERE / "libp2p_attacker.py"), "--version", version, "--target", target, "--outsider"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "refused" in outsider.stdout, outsider.stdout + outsider.stderr
+    assert not hub.peers
+
+
 async def test_a_burst_of_2000_across_processes_arrives_in_order(make_transport: Any, spawn: Any) -> None:
     hub = await make_transport("hub")
     inbox = Inbox()

@@ -80,9 +80,9 @@ def effective_network_version(config: Libp2pConfig | None = None) -> str:
 def network_psk(version: str, cluster_secret: bytes = b"") -> str:
     """The libp2p private-network key (64 hex digits) of a network version.
 
-    Every connection is encrypted with it below Noise, so a node of another version cannot even
-    negotiate a protocol. It gates versions, it is not a secret: anyone can derive it. Once a
-    cluster secret exists it is mixed in here, and then it is one.
+    Every connection is encrypted with it below Noise, so a node of another version, or one
+    without the cluster secret (the transport passes a key derived from it), cannot even negotiate
+    a protocol.
     """
     return hashlib.sha256(b"skulk-libp2p-pnet:" + version.encode() + b":" + cluster_secret).hexdigest()
 

@@ -64,6 +64,7 @@ class FabricOwner(Protocol):
     config: Libp2pConfig
     key_pair: Any
     noise_key: Any
+    pnet_secret: bytes
     outbox: deque[tuple[str, str, bytes]]
     sender_header: bytes
 
@@ -170,7 +171,7 @@ class Fabric:
         host = new_host(
             key_pair=owner.key_pair,
             sec_opt=secure,
-            psk=network_psk(owner.network_version),
+            psk=network_psk(owner.network_version, owner.pnet_secret),
             listen_addrs=listen,
             muxer_preference="YAMUX",
         )

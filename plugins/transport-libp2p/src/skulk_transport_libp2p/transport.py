@@ -76,6 +76,7 @@ class Libp2pTransport:
         self.sender_header = b""
         self.key_pair: Any = None
         self.noise_key: Any = None
+        self.pnet_secret = b""  # from the cluster secret, at start
         self.outbox: deque[tuple[str, str, bytes]] = deque()
         self._seq: dict[Topic, int] = {}
         self._callbacks: dict[Topic, tuple[Callback, ...]] = {}
@@ -116,6 +117,13 @@ class Libp2pTransport:
         self.noise_key = create_x25519_key_pair()  # Noise needs an X25519 static key
         _quiet_library_logs()
         node_options = options.get("options")
+        # The cluster secret (shared with Zenoh's TLS and frame seals) keys the private network, so
+        # only members can even negotiate a protocol, not every node of the same version.
+        from skulk_transport_zenoh.secret import resolve_secret
+
+        extra = getattr(node_options, "extra", None) or {}
+        cluster = await asyncio.to_thread(resolve_secret, getattr(node_options, "home", None), extra.get("join_token"))
+        self.pnet_secret = cluster.key(f"libp2p-pnet:{self.network_version}")
         self._bootstrap = bootstrap_multiaddrs(self.config, tuple(getattr(node_options, "bootstrap_peers", ()) or ()))
         self._bind = list(self.config.listen)
         self._targets = {}
