@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from skulk_kernel.api import NodeSurface
 
 from . import proposals
@@ -46,7 +47,7 @@ def add_steward_routes(app: FastAPI, node: NodeSurface) -> None:
             )
         try:
             action = proposals.Action.model_validate(body["action"])
-        except ValueError as exc:
+        except ValidationError as exc:
             return _refused(
                 proposals.ProposalRefused(400, f"invalid action: {exc.errors()[0]['msg']}", "invalid_action")
             )

@@ -112,15 +112,15 @@ def get_diagnostics(node: NodeSurface, **_: Any) -> str:
             1 for t in state.tasks.values() if t.instance_id == inst.instance_id and t.status in ("Pending", "Running")
         )
         lines.append(
-            f"Instance {inst.instance_id[:8]} of {inst.shard_assignments.model_id}: runners {', '.join(statuses)}; {load} request(s) in flight."
+            f"Instance {inst.instance_id[:8]} of {inst.shard_assignments.model_id}: "
+            f"runners {', '.join(statuses)}; {load} request(s) in flight."
         )
     for failure in state.instance_failures[-5:]:
         lines.append(f"Past failure of {failure.model_id}: {failure.reason}.")
     for nid, per in state.downloads.items():
         for model_id, status in per.items():
-            lines.append(
-                f"On node '{node_name(node, nid)}', {model_id} is {type(status).__name__.removeprefix('Download').removesuffix('Status').lower()}."
-            )
+            kind = type(status).__name__.removeprefix("Download").removesuffix("Status").lower()
+            lines.append(f"On node '{node_name(node, nid)}', {model_id} is {kind}.")
     return "\n".join(lines) or "Nothing to report: no instances, failures or downloads."
 
 
@@ -194,7 +194,8 @@ TOOLS: dict[str, tuple[Tool, ToolSpec]] = {
         get_cluster_state,
         ToolSpec(
             name="get_cluster_state",
-            description="The nodes of the cluster (how many, which is the master), the model instances and requests in flight.",
+            description="The nodes of the cluster (how many, which is the master), the model instances "
+            "and requests in flight.",
             parameters={"type": "object", "properties": {}},
         ),
     ),
@@ -210,7 +211,8 @@ TOOLS: dict[str, tuple[Tool, ToolSpec]] = {
         get_diagnostics,
         ToolSpec(
             name="get_diagnostics",
-            description="Runner statuses, load per instance, past failures and downloads: why something is slow or broken.",
+            description="Runner statuses, load per instance, past failures and downloads: "
+            "why something is slow or broken.",
             parameters={"type": "object", "properties": {}},
         ),
     ),
