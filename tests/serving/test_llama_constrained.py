@@ -2,12 +2,11 @@
 
 A forced tool choice returns a valid call of an offered tool through all four APIs, streaming and
 not; a JSON schema answer validates through each API; the README's short model name is listed;
-32 concurrent streams of 256 tokens all complete with no 5xx (the token gate keeps the KV pool).
+32 concurrent streams of 256 tokens: `test_llama_burst.py` (a tiny model) and bench/bench_llama.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -150,43 +149,3 @@ def test_json_schema_through_each_api(llama_node: Any) -> None:
     jsonschema.validate(json.loads(g.response), SCHEMA)
     j = ollama.Client(host=llama_node.url, timeout=180).generate(model=MODEL, prompt="A cat.", format="json")
     assert isinstance(json.loads(j.response), dict)
-
-
-@pytest.mark.skip(
-    reason="[llama] acceptance 4 is open: not yet seen to complete (8,192 tokens take 5+ minutes "
-    "on a loaded 2-core box); belongs in bench/ with a bounded run"
-)
-@pytest.mark.timeout(1200)
-def test_32_concurrent_streams_of_256_tokens_all_complete(llama_node: Any) -> None:
-    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, str | None, int]:
-        body = {
-            "model": MODEL,
-            "stream": True,
-            "max_tokens": 256,
-            "temperature": 0.9,
-            "seed": i,
-            "messages": [{"role": "user", "content": f"Write a long story about ship number {i}."}],
-        }
-        reason, pieces = None, 0
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return r.status_code, None, 0
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                for c in chunk["choices"]:
-                    pieces += bool(c["delta"].get("content"))
-                    reason = c["finish_reason"] or reason
-        return 200, reason, pieces
-
-    async def burst() -> list[tuple[int, str | None, int]]:
-        limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(base_url=llama_node.url, timeout=900, limits=limits) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(32)))
-
-    results = asyncio.run(burst())
-    assert [s for s, _, _ in results] == [200] * 32
-    assert all(reason in ("stop", "length") and pieces > 0 for _, reason, pieces in results), results
-    assert sum(reason == "length" for _, reason, _ in results) >= 8  # most ran to their full 256 tokens

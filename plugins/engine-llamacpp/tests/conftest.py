@@ -74,3 +74,14 @@ def inproc(smollm2_path: Path):
 
     with LlamaInProcess(smollm2_path, n_ctx=2048, n_threads=1, logprobs_capable=True) as backend:
         yield backend
+
+
+@pytest.fixture(scope="session")
+def qwen_pair(models_dir: Path) -> tuple[Path, Path]:
+    """(Qwen2.5-Coder-1.5B, its 0.5B sibling as the draft): one vocabulary, about 1.6 GB once."""
+    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15
+
+    try:
+        return provision_qwen15(models_dir), provision_qwen05(models_dir)
+    except ProvisionError as exc:
+        pytest.skip(f"the Qwen pair is not provisionable here: {exc}")

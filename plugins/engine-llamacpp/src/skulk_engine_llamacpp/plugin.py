@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
@@ -25,6 +25,16 @@ class LlamaCppConfig(BaseModel):
     n_parallel: int = Field(default=16, ge=1, description="llama_server slots: requests decoded together")
     draft_model_path: str | None = Field(
         default=None, description="llama_server: a GGUF of the same vocabulary drafting tokens (speculative decoding)"
+    )
+    draft_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="llama_server: model id -> the draft GGUF for that model only (wins over draft_model_path)",
+    )
+    draft_max: int = Field(default=8, ge=1, description="llama_server: tokens the draft proposes per step")
+    after_tool_result: Literal["answer", "free"] = Field(
+        default="answer",
+        description="llama_server: the turn after a tool result is answered from it (no tool catalog, "
+        "prose first) unless the request forces a call; 'free' leaves it to the model",
     )
     n_ctx: int | None = Field(default=None, ge=64, description="context tokens (default: the model's)")
     cache_ram_mib: int = Field(default=256, ge=0, description="llama_server RAM prompt cache")

@@ -59,6 +59,10 @@ from .templates import (
 from .toolcalls import STOP_MARKERS, ToolCallStreamParser, new_call_id
 
 ToolMode = Literal["auto", "native", "prompt"]
+#: How the turn after a tool result is generated (``answer`` unless the request forces a call):
+#: ``answer`` renders the conversation (calls and results included) without the tool catalog and
+#: makes the reply start as prose; ``free`` leaves it to the model and its template.
+AfterToolResult = Literal["answer", "free"]
 
 #: Sampling keys passed through to llama.cpp (OpenAI names plus llama.cpp extras).
 SAMPLING_KEYS = (
@@ -136,6 +140,7 @@ class LlamaServer:
         draft_model_path: str | Path | None = None,
         draft_max: int = 8,
         tool_mode: ToolMode = "auto",
+        after_tool_result: AfterToolResult = "answer",
         cache_ram_mib: int = 256,
         request_timeout_s: float = 600.0,
         verbosity: int = 0,
@@ -153,6 +158,11 @@ class LlamaServer:
         threads: the cores this process may use.
         draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
         step (speculative decoding; greedy output is unchanged, acceptance in the timings).
+        after_tool_result: ``answer`` (default) because small models shown the tool catalog again
+        after a result repeat the call they just made: Qwen2.5-Coder-0.5B did so on 4 of 4
+        round trips with its own template (and, held to prose, wrote about the call instead),
+        while the same conversation without the catalog was answered from the result 4 of 4
+        times. A client that wants another call after a result forces it (``tool_choice``).
         """
         self.model_path = Path(model_path)
         self.embedding = embedding
@@ -164,6 +174,7 @@ class LlamaServer:
         self._n_ctx_req = n_ctx
         self._chat_template_override = chat_template
         self._tool_mode_req: ToolMode = tool_mode
+        self.after_tool_result: AfterToolResult = after_tool_result
         self.tool_mode: Literal["native", "prompt"] = "native"
         self.cache_ram_mib = cache_ram_mib
         self.request_timeout_s = request_timeout_s
@@ -177,6 +188,8 @@ class LlamaServer:
         self.base_url = ""
         self.context_length = 0
         self.props: dict[str, Any] = {}
+        self._drafted = 0
+        self._accepted = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -304,6 +317,11 @@ class LlamaServer:
             raise _error_from(r.status_code, r.text)
         return r.json()
 
+    def speculative_stats(self) -> dict[str, int]:
+        """Tokens the draft model proposed and the model kept, summed over every finished request."""
+        with self._lock:
+            return {"drafted": self._drafted, "accepted": self._accepted}
+
     def slots(self) -> list[dict[str, Any]]:
         """llama.cpp's slot table (is_processing, n_ctx, ...) -- for tests and telemetry."""
         data = self._client().get("/slots").json()
@@ -396,13 +414,18 @@ class LlamaServer:
         tool_names = [t.get("function", t).get("name") for t in tools] if tools else None
         forced = constraint.forced_name
         started_inside = False
-        after_tool = bool(messages) and messages[-1].get("role") == "tool"
+        answer_turn = (
+            self.after_tool_result == "answer"
+            and not constraint.forces_call
+            and bool(messages)
+            and messages[-1].get("role") == "tool"
+        )
         try:
             # Our own prompt + grammar whenever llama.cpp's tool handling cannot do what is asked: a
             # template without tools, a forced call (llama.cpp's `tool_choice: required` does not
-            # constrain every template), or the answer after a tool result (see LARK_PROSE_START).
-            if tools and (self.tool_mode == "prompt" or constraint.forces_call or after_tool):
-                body["prompt"] = self.apply_template(messages, tools, enable_thinking)
+            # constrain every template), or the answer after a tool result (see after_tool_result).
+            if tools and (self.tool_mode == "prompt" or constraint.forces_call or answer_turn):
+                body["prompt"] = self.apply_template(messages, None if answer_turn else tools, enable_thinking)
                 started_inside = body["prompt"].rstrip().endswith(THINK_OPEN)
                 if logprobs:
                     body["logprobs"] = max(1, top_logprobs)
@@ -410,7 +433,7 @@ class LlamaServer:
                 body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
                 if constraint.forces_call:
                     body["grammar"] = lark_call(call_schema(tools, forced))
-                elif after_tool:
+                elif answer_turn:
                     body["grammar"] = LARK_PROSE_START
                 path = "/v1/completions"
             else:
@@ -547,6 +570,10 @@ class LlamaServer:
         for _, call in sorted(native_calls.items()):
             calls_seen += 1
             yield ToolCallDelta(call["id"] or new_call_id(), call["name"], call["arguments"] or "{}")
+        if timings.get("draft_n"):
+            with self._lock:
+                self._drafted += int(timings["draft_n"])
+                self._accepted += int(timings.get("draft_n_accepted") or 0)
         reason: FinishReason
         if calls_seen:
             reason = "tool_calls"
