@@ -230,6 +230,21 @@ def test_a_system_role_is_stamped_on_the_instance_and_kept_by_its_replacement() 
     assert len(again) == 1 and again[0].instance.system_role == "steward"
 
 
+def test_a_system_instance_serves_only_requests_pinned_to_it() -> None:
+    steward = instance("s1", "a").model_copy(update={"system_role": "steward"})
+    state = applied(
+        State(),
+        NodeJoined(node_id=NodeId("a")),
+        NodeJoined(node_id=NodeId("b")),
+        InstanceCreated(instance=steward),
+        RunnerStatusUpdated(runner_id=RunnerId("s1-r0"), status=RunnerReady()),
+    )
+    refused = decide(state, generation(), view())  # a user's request for the same model
+    assert refused.events == () and refused.replies[0].chunk.code == "model_not_placed"
+    pinned = decide(state, generation().model_copy(update={"instance_id": InstanceId("s1")}), view())
+    assert pinned.events[0].task.instance_id == "s1"  # type: ignore[union-attr]
+
+
 def test_fail_instance_of_an_unknown_instance_does_nothing() -> None:
     decision = decide(State(), FailInstance(command_id=CommandId("f"), instance_id=InstanceId("x"), reason="r"), view())
     assert decision.events == () and decision.replies == ()

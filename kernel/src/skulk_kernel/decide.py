@@ -235,6 +235,9 @@ def pick_instance(state: State, model_id: str, view: DecisionView, pinned: str |
         return None
     if pinned is not None and (chosen := next((i for i in ready if i.instance_id == pinned), None)):
         return chosen
+    ready = [i for i in ready if i.system_role is None]  # a cluster service's instance serves only when pinned
+    if not ready:
+        return None
     load = {i.instance_id: 0 for i in ready}
     for task in state.tasks.values():
         if task.instance_id in load and task.status not in TERMINAL_TASK_STATUSES:
@@ -247,7 +250,12 @@ def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision
     model_id = command.params.model_id
     instance = pick_instance(state, model_id, view, command.instance_id)
     if instance is None:
-        placed = [i for i in state.instances.values() if i.shard_assignments.model_id == model_id]
+        placed = [
+            i
+            for i in state.instances.values()
+            if i.shard_assignments.model_id == model_id
+            and (i.system_role is None or i.instance_id == command.instance_id)
+        ]
         if not placed:
             return _error(
                 command,
