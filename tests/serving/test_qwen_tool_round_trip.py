@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 ASK = "What's the weather in Paris right now?"
 RESULT = "23 degrees C, sunny"
+GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature argument
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 DESCRIPTION = "Current weather in a city"
 WEATHER = {"name": "get_weather", "description": DESCRIPTION, "parameters": PARAMS}
@@ -113,7 +114,7 @@ def test_anthropic_messages(qwen_node: NodeProcess) -> None:
     an = anthropic.Anthropic(base_url=qwen_node.url, api_key="x", max_retries=0, timeout=300)
     tools: Any = [{"name": "get_weather", "description": DESCRIPTION, "input_schema": PARAMS}]
     messages: Any = [{"role": "user", "content": ASK}]
-    first = an.messages.create(model=QWEN, max_tokens=60, temperature=0, messages=messages, tools=tools)
+    first = an.messages.create(model=QWEN, max_tokens=60, messages=messages, tools=tools, extra_body=GREEDY)
     assert first.stop_reason == "tool_use", first
     block = next(b for b in first.content if b.type == "tool_use")
     is_paris_call(block.name, block.input)  # type: ignore[arg-type]
@@ -121,7 +122,7 @@ def test_anthropic_messages(qwen_node: NodeProcess) -> None:
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": RESULT}]},
     ]
-    with an.messages.stream(model=QWEN, max_tokens=60, temperature=0, messages=messages, tools=tools) as s:
+    with an.messages.stream(model=QWEN, max_tokens=60, messages=messages, tools=tools, extra_body=GREEDY) as s:
         final = s.get_final_message()
     assert final.stop_reason == "end_turn" and all(b.type == "text" for b in final.content), final
     uses_result("".join(b.text for b in final.content if b.type == "text"))

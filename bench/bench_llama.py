@@ -1,0 +1,215 @@
+"""llama.cpp serving under load: a Skulk node vs llama.cpp's server alone, measured in one run.
+
+    python bench/bench_llama.py [--levels 1,4,16] [--max-tokens 64] [--burst] [--no-spec] [--out bench/results]
+
+* Throughput: N concurrent streams (fresh prompts: no prompt-cache hits) through the node's
+  /v1/chat/completions (profile cpu-llamacpp, SmolLM2-135M Q4_1, 16 slots, 1 decode thread) against
+  the same GGUF on a ``LlamaServer`` started here with the same settings (the engine alone), each
+  level alternated node / engine. Reported: aggregate completion tokens/s, node / engine and
+  node at N / node at 1.
+* Time to first token at 4 streams against 1 (median over the streams, through the node).
+* Constrained vs plain: one stream with a ``json_schema`` response format vs none (decode tok/s).
+* Speculative vs plain (engine alone): Qwen2.5-Coder-1.5B greedy, with and without the 0.5B as
+  draft; decode tok/s ratio and the acceptance rate (skipped with --no-spec or if not provisioned).
+* --burst: 32 streams of 256 tokens through the node (all must finish; the heavy version of
+  tests/serving/test_llama_burst.py).
+
+Everything is a ratio against a baseline measured in the same run; the load average is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testing" / "src"))
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+WORDS = "rivers volcanoes bees glass bridges comets tea maps owls salt clocks ice ships roads stars moss".split()
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "facts": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 3},
+    },
+    "required": ["name", "facts"],
+}
+_counter = iter(range(10**9))
+
+
+def fresh_prompt() -> str:
+    i = next(_counter)
+    return f"({uuid.uuid4().hex[:6]}) Tell me about {WORDS[i % len(WORDS)]} and {WORDS[(i * 7 + 3) % len(WORDS)]}."
+
+
+def stream_once(url: str, model: str, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, float]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": fresh_prompt()}],
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **(extra or {}),
+    }
+    started = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with httpx.stream("POST", url, json=body, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            if event.get("usage"):
+                tokens = int(event["usage"].get("completion_tokens") or 0)
+            for choice in event.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+    end = time.perf_counter()
+    first = first or end
+    return {
+        "ttft_s": first - started,
+        "tokens": tokens,
+        "decode_tps": max(tokens - 1, 0) / max((last or end) - first, 1e-9),
+        "end": end,
+        "start": started,
+    }
+
+
+def level(url: str, model: str, n: int, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, float]:
+    with ThreadPoolExecutor(n) as pool:
+        t0 = time.perf_counter()
+        runs = list(pool.map(lambda _: stream_once(url, model, max_tokens, extra), range(n)))
+        wall = time.perf_counter() - t0
+    return {
+        "aggregate_tps": sum(r["tokens"] for r in runs) / wall,
+        "ttft_p50_s": statistics.median(r["ttft_s"] for r in runs),
+        "decode_tps_p50": statistics.median(r["decode_tps"] for r in runs),
+        "tokens": sum(r["tokens"] for r in runs),
+    }
+
+
+def best(results: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def speculative(models_dir: Path, max_tokens: int) -> dict[str, Any] | None:
+    from skulk_engine_llamacpp.events import Finish
+    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15
+    from skulk_engine_llamacpp.server_backend import LlamaServer
+
+    try:
+        target, draft = provision_qwen15(models_dir), provision_qwen05(models_dir)
+    except ProvisionError as exc:
+        print(f"speculative skipped: {exc}", flush=True)
+        return None
+    ask = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+    out: dict[str, Any] = {}
+    for name, d in (("plain", None), ("speculative", draft)):
+        with LlamaServer(target, n_parallel=1, n_threads=1, n_ctx=2048, draft_model_path=d, draft_max=4) as srv:
+            fin = [e for e in srv.chat(ask, sampling={"max_tokens": max_tokens, "temperature": 0})][-1]
+            assert isinstance(fin, Finish)
+            out[name] = {"decode_tps": fin.timings.get("predicted_per_second"), **srv.speculative_stats()}
+    drafted = out["speculative"]["drafted"]
+    out["acceptance"] = out["speculative"]["accepted"] / drafted if drafted else None
+    out["ratio"] = out["speculative"]["decode_tps"] / out["plain"]["decode_tps"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--burst", action="store_true")
+    ap.add_argument("--no-spec", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(ROOT / "plugins" / "engine-llamacpp" / "src"))
+    from skulk_engine_llamacpp.models import provision_smollm2
+    from skulk_engine_llamacpp.server_backend import LlamaServer
+    from skulk_testing.nodes import start_node
+
+    models_dir = Path(os.environ.get("SKULK_TEST_MODELS_DIR") or Path(tempfile.gettempdir()) / "skulk-test-models")
+    gguf = provision_smollm2(models_dir)
+    levels = [int(x) for x in args.levels.split(",")]
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "load_avg_start": os.getloadavg(),
+        "max_tokens": args.max_tokens,
+    }
+    env = {"SKULK_MODELS_DIR": str(models_dir), "SKULK_NETWORK_VERSION": f"bench-llama-{uuid.uuid4().hex[:8]}"}
+    node = start_node("cpu-llamacpp", home=Path(tempfile.mkdtemp(prefix="bench-llama-")), env=env)
+    try:
+        node.wait_api(timeout=120).wait_ready(MODEL, timeout=600)
+        node_url = node.url + "/v1/chat/completions"
+        with LlamaServer(gguf, n_parallel=16, n_threads=1) as engine:
+            engine_url = engine.base_url + "/v1/chat/completions"
+            stream_once(node_url, MODEL, 8), stream_once(engine_url, MODEL, 8)  # warm both
+            rows = {}
+            for n in levels:
+                node_runs, engine_runs = [], []
+                for _ in range(args.rounds):
+                    node_runs.append(level(node_url, MODEL, n, args.max_tokens))
+                    engine_runs.append(level(engine_url, MODEL, n, args.max_tokens))
+                rows[n] = {
+                    "node_tps": best(node_runs, "aggregate_tps"),
+                    "engine_tps": best(engine_runs, "aggregate_tps"),
+                    "node_ttft_p50_s": best(node_runs, "ttft_p50_s"),
+                    "engine_ttft_p50_s": best(engine_runs, "ttft_p50_s"),
+                }
+                rows[n]["node_vs_engine"] = rows[n]["node_tps"] / rows[n]["engine_tps"]
+                print(n, json.dumps(rows[n]), flush=True)
+        base = rows[levels[0]]
+        for n in levels:
+            rows[n]["node_vs_node_1"] = rows[n]["node_tps"] / base["node_tps"]
+        report["levels"] = rows
+        if 4 in rows:
+            report["ttft_4_vs_1"] = rows[4]["node_ttft_p50_s"] / base["node_ttft_p50_s"]
+        fmt = {"type": "json_schema", "json_schema": {"name": "topic", "schema": SCHEMA}}
+        plain = [stream_once(node_url, MODEL, args.max_tokens) for _ in range(3)]
+        constrained = [stream_once(node_url, MODEL, args.max_tokens, {"response_format": fmt}) for _ in range(3)]
+        report["constrained_vs_plain"] = best(constrained, "decode_tps") / best(plain, "decode_tps")
+        print("constrained/plain", report["constrained_vs_plain"], flush=True)
+        if args.burst:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(32) as pool:
+                runs = list(pool.map(lambda _: stream_once(node_url, MODEL, 256), range(32)))
+            report["burst_32x256"] = {
+                "completed": len(runs),
+                "wall_s": time.perf_counter() - t0,
+                "tokens": sum(r["tokens"] for r in runs),
+            }
+            print("burst", report["burst_32x256"], flush=True)
+    finally:
+        node.stop()
+    if not args.no_spec:
+        report["speculative"] = speculative(models_dir, args.max_tokens)
+        print("speculative", report["speculative"], flush=True)
+    report["load_avg_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "llama.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
