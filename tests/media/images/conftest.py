@@ -83,7 +83,6 @@ def image_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageClu
     tmp = tmp_path_factory.mktemp("images")
     where = overlay()
     models = tmp / "models"
-    build_model(models / MODEL, where)
     profile = tmp / "profile.toml"
     profile.write_text(PROFILE.replace("{models}", str(models)))
     env = {"SKULK_NETWORK_VERSION": f"img{uuid.uuid4().hex[:10]}", "SKULK_DIFFUSERS_SPOOL": str(tmp / "spool")}
@@ -91,6 +90,7 @@ def image_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageClu
     try:
         for i in range(2):
             nodes.append(start_node(str(profile), "--node-name", f"i{i}", home=tmp / f"node{i}", env=env))
+        build_model(models / MODEL, where)  # while the nodes start: their model store reads the folder when asked
         for node in nodes:
             node.wait_api(90)
         api, worker = nodes
