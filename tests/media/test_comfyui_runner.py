@@ -167,3 +167,15 @@ def test_a_placeholder_the_request_cannot_fill_is_refused_before_sending(session
     last = collect(session.generate_video("cmd-6", params(), lambda: False))[-1]
     assert isinstance(last, ErrorChunk) and last.code == "bad_workflow" and "image" in last.message
     assert not (tmp_path / "record").exists()  # nothing reached the server
+
+
+def test_a_quiet_server_still_yields_progress_so_the_stream_is_not_abandoned(
+    session_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import skulk_video_comfyui.engines as engines
+
+    monkeypatch.setattr(engines, "HEARTBEAT_S", 0.3)
+    session = session_factory("--steps", "2", "--step-seconds", "1.0")  # a second of silence per step
+    chunks = collect(session.generate_video("cmd-7", params(), lambda: False))
+    assert any(isinstance(c, ProgressChunk) and c.stage.endswith("(working)") for c in chunks)
+    assert isinstance(chunks[-1], MediaChunk) and chunks[-1].finish_reason == "stop"

@@ -47,6 +47,7 @@ from .config import VideoConfig, from_options
 log = logging.getLogger("skulk.video.engines")
 PIECE_BYTES = 256 * 1024
 MP4 = "video/mp4"
+HEARTBEAT_S = 30.0  # a progress chunk at least this often while ComfyUI is quiet
 
 
 class Cancelled(Exception):
@@ -300,10 +301,18 @@ class ComfySession(_VideoOnly):
 
         client.connect()
         prompt_id = client.queue(graph)
-        yield out.progress(0, 1, "queued")
+        last = out.progress(0, 1, "queued")
+        yield last
+        quiet_since = time.monotonic()
         deadline = time.monotonic() + self.config.render_timeout_s
         interrupted_at: float | None = None
         for event in client.follow(prompt_id):
+            if event is None and time.monotonic() - quiet_since > HEARTBEAT_S:
+                # ComfyUI loads weights on the first prompt, silently, for minutes: say it still works
+                # (the API node abandons a stream with no chunk for two minutes)
+                last = out.progress(last.done, last.total, last.stage.removesuffix(" (working)") + " (working)")
+                yield last
+                quiet_since = time.monotonic()
             if not self.server.alive():
                 raise ComfyGone("the server process is gone")
             if cancelled() and interrupted_at is None:
@@ -320,9 +329,13 @@ class ComfySession(_VideoOnly):
                 continue
             if event.kind == "progress":
                 value, top = int(event.data.get("value", 0)), int(event.data.get("max", 0))
-                yield out.progress(value, top, f"node {event.data.get('node', '?')}")
+                last = out.progress(value, top, f"node {event.data.get('node', '?')}")
+                yield last
+                quiet_since = time.monotonic()
             elif event.kind == "execution_start":
-                yield out.progress(0, 1, "started")
+                last = out.progress(0, 1, "started")
+                yield last
+                quiet_since = time.monotonic()
             elif event.kind == "execution_error":
                 message = event.data.get("exception_message") or "execution failed"
                 node = f"{event.data.get('node_type', '?')} (node {event.data.get('node_id', '?')})"
