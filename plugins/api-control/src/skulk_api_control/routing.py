@@ -78,6 +78,7 @@ class InstanceRouter:
             for inst in node.state.instances.values()
             if inst.shard_assignments.model_id == model_id
             and inst.instance_id not in skip
+            and inst.system_role is None  # a cluster service's instance (the steward) is not for users
             and instance_ready(inst, node.state.runners)
             and set(inst.shard_assignments.node_to_runner) <= reachable
         )
