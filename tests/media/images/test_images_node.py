@@ -210,3 +210,9 @@ def test_the_node_still_serves_after_bad_input(image_cluster: ImageCluster) -> N
     assert decode(data).size == (64, 64)
     assert image_cluster.api.proc is not None and image_cluster.api.proc.poll() is None
     assert image_cluster.worker.proc is not None and image_cluster.worker.proc.poll() is None
+
+
+def test_model_may_be_omitted_when_one_image_model_is_placed(image_cluster: ImageCluster) -> None:
+    result = client(image_cluster).images.generate(prompt="a fox", extra_body={"seed": 11, **STEPS})
+    data = base64.b64decode((result.data or [])[0].b64_json or "")
+    assert data == generate_b64(image_cluster, seed=11)[0]
