@@ -20,6 +20,8 @@ import httpx
 import pytest
 from skulk_testing.nodes import NodeProcess, start_node
 
+from tests.serving.placing import place_until_listed
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TINY = "test/tiny-random-chatml"
@@ -38,7 +40,7 @@ def tiny_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         node.wait_api(timeout=60)
         added = node.post("/models/add", json={"path": str(path), "model_id": TINY}, timeout=30)
         assert added.status_code == 200, added.text
-        node.wait_until(lambda: node.post("/place_instance", json={"model_id": TINY}).status_code == 200, 60, "place")
+        place_until_listed(node, TINY)
         node.wait_ready(TINY, timeout=120)
         yield node
     finally:

@@ -22,6 +22,8 @@ import openai
 import pytest
 from skulk_testing.nodes import NodeProcess, start_node
 
+from tests.serving.placing import place_until_listed
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
@@ -48,13 +50,7 @@ def qwen_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     node = start_node("cpu-llamacpp", "--no-default-models", home=tmp_path_factory.mktemp("qwen-tools"), env=env)
     try:
         node.wait_api(timeout=60)
-        placed: list[int] = []  # 503 info_gossiping until the node has reported its resources
-
-        def place() -> bool:
-            placed.append(node.post("/place_instance", json={"model_id": QWEN}, timeout=30).status_code)
-            return placed[-1] == 200
-
-        node.wait_until(place, 60, f"{QWEN} to be placed ({placed[-1:]})")
+        place_until_listed(node, QWEN)
         node.wait_ready(QWEN, timeout=300)
         yield node
     finally:
