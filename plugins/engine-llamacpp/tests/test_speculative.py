@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 from skulk_engine_llamacpp.events import Finish, TextDelta
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
     [{"role": "user", "content": "List the planets of the solar system, one per line."}],
@@ -47,6 +45,8 @@ def check_same_or_tie(plain: list[TextDelta], spec_text: str) -> None:
             return
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_draft_model_keeps_greedy_text_and_reports_acceptance(qwen_pair: tuple[Path, Path]) -> None:
     pytest.importorskip("xllamacpp")
     from skulk_engine_llamacpp.server_backend import LlamaServer
@@ -64,3 +64,20 @@ def test_draft_model_keeps_greedy_text_and_reports_acceptance(qwen_pair: tuple[P
         assert 0 < s_fin.timings["draft_n_accepted"] <= s_fin.timings["draft_n"]
     assert totals["drafted"] == sum(f.timings["draft_n"] for _, f in spec)
     assert totals["accepted"] / totals["drafted"] > 0.3  # same family, same vocabulary: most drafts hold
+
+
+def test_draft_counts_reach_the_final_chunk_stats() -> None:
+    """The kernel-side mapping (no model): llama.cpp's timings -> GenerationStats.draft_*."""
+    from skulk_engine_llamacpp.engine import LlamaSession
+    from skulk_kernel.api import ChatMessage, TextGenerationParams
+
+    class Backend:
+        def chat(self, *args: Any, **kwargs: Any) -> Any:
+            yield TextDelta("hi", None)
+            yield Finish("stop", 3, 9, {"draft_n": 12, "draft_n_accepted": 7, "predicted_per_second": 5.0})
+
+    params = TextGenerationParams(model_id="m", messages=(ChatMessage(role="user", content="x"),))
+    session = LlamaSession(Backend(), None, "llama_server-cpu")  # type: ignore[arg-type]
+    chunks = list(session._generate("c1", params, lambda: False))
+    stats = chunks[-1].stats
+    assert stats is not None and (stats.draft_tokens, stats.draft_accepted) == (12, 7)
