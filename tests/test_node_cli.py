@@ -35,3 +35,22 @@ def test_bad_profile_is_a_clear_error(node_factory, tmp_path):
     node = node_factory(str(profile))
     assert node.proc.wait(30) == 2
     assert "no-such-plugin" in node.log() and "pip install" in node.log()
+
+
+def test_engines_command_finds_every_installed_engine_installer():
+    """The kernel owns `engines`; engine plugins offer installers whatever the profile (no clash)."""
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "skulk_kernel.cli"]
+    status = subprocess.run([*cli, "engines", "status"], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    names = {line.split()[0] for line in status.stdout.splitlines() if line.strip()}
+    assert {"vllm", "comfyui", "diffusers"} <= names, status.stdout
+    unknown = subprocess.run([*cli, "engines", "install", "nosuch"], capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2
+    assert "no installer for engine 'nosuch'" in unknown.stderr and "vllm" in unknown.stderr
+    bad = subprocess.run(
+        [*cli, "engines", "install", "vllm", "--flavor", "tpu"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

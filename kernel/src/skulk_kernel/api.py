@@ -22,8 +22,8 @@ from .commands import (
     VideoGeneration,
 )
 from .contracts import (
-    ApiAdapter, Election, Engine, EngineProbe, EngineSession, InferenceMiddleware, ModelStore, NodeCapacity,
-    NodeSurface, PeerEvent, PlacementError, PlacementRequest, Planner, RunnerSpec, Transport,
+    ApiAdapter, Election, Engine, EngineInstaller, EngineProbe, EngineSession, InferenceMiddleware, ModelStore,
+    NodeCapacity, NodeSurface, PeerEvent, PlacementError, PlacementRequest, Planner, RunnerSpec, Transport,
 )
 from .decide import (
     Decision, DecisionView, Effect, ForgetNode, Park, Reply, Retry, Unpark, decide, derived_id, dispatch,

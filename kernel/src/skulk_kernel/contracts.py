@@ -251,6 +251,22 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class EngineInstaller(Protocol):
+    """An engine with its own environment (a venv, a checkout): `skulk-kernel engines install NAME`."""
+
+    name: str
+    help: str
+
+    def install(self, argv: list[str]) -> int:
+        """Create or repair the environment; `argv` are the options after NAME (the installer's own)."""
+        ...
+
+    def status(self) -> str:
+        """One line: installed (with versions and where) or not."""
+        ...
+
+
+@runtime_checkable
 class ModelStore(Protocol):
     """Finds model files and cards on this node."""
 

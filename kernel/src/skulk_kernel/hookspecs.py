@@ -17,7 +17,7 @@ import pluggy
 
 if TYPE_CHECKING:  # the hook signatures only; nothing here is imported at run time
     from .commands import Command
-    from .contracts import NodeSurface
+    from .contracts import EngineInstaller, NodeSurface
     from .events import IndexedEvent
     from .models import ModelCard
     from .state import State
@@ -121,6 +121,15 @@ def register_cli_commands(cli: Any) -> None:
     """Add subcommands to ``skulk-kernel`` (an argparse subparsers object).
 
     Called when the CLI starts, for the plugins of the active profile. Results are ignored.
+    """
+
+
+@hookspec
+def register_engine_installers(register: Callable[[EngineInstaller], None]) -> None:
+    """Offer ``skulk-kernel engines install NAME`` for an engine that lives in its own environment.
+
+    Called by the CLI's ``engines`` command for every installed plugin (an engine is installed
+    before a profile uses it). All registrations are collected; the first of one name wins.
     """
 
 

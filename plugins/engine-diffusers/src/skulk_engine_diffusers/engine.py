@@ -79,7 +79,7 @@ class DiffusersEngine:
         if not environment.available():
             return EngineProbe(
                 available=False,
-                reason="torch and diffusers are not installed; run `python -m skulk_engine_diffusers.environment` "
+                reason="torch and diffusers are not installed; run `skulk-kernel engines install diffusers` "
                 "(a cached CPU overlay) or pip install skulk-engine-diffusers[torch]",
             )
         return EngineProbe(available=True, version=f"diffusers/torch@{environment.torch_version()}")

@@ -174,8 +174,32 @@ def _create(root: Path, progress: Progress, timeout_s: float) -> Path:
     return root
 
 
+class DiffusersInstaller:
+    """`skulk-kernel engines install diffusers`: the overlay with torch (CPU) and diffusers."""
+
+    name = "diffusers"
+    help = "torch (CPU) + diffusers in a cached overlay (~1.3 GB)"
+
+    def install(self, argv: list[str]) -> int:
+        if argv:
+            print(f"error: `engines install diffusers` takes no options (got {' '.join(argv)})", file=sys.stderr)
+            return 2
+        return main()
+
+    def status(self) -> str:
+        if native():
+            return f"torch {torch_version()} in this environment"
+        info = overlay_info()
+        return (
+            f"torch {info.get('torch')}, diffusers {info.get('diffusers')} ({env_dir()})"
+            if info
+            else f"not installed ({env_dir()})"
+        )
+
+
 def main() -> int:
-    """`python -m skulk_engine_diffusers.environment`: make the overlay (the same path the tests use)."""
+    """`skulk-kernel engines install diffusers` (or `python -m skulk_engine_diffusers.environment`): make the
+    overlay, by the same path the tests use."""
     import time
 
     started = time.monotonic()

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
-from skulk_kernel.api import IndexedEvent, NodeSurface, State
+from skulk_kernel.api import EngineInstaller, IndexedEvent, NodeSurface, State
 
 from .config import PLUGIN, DiffusersConfig
 
@@ -19,6 +19,13 @@ def _config(node: NodeSurface | None) -> DiffusersConfig:
 @hookimpl
 def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
     register(PLUGIN, DiffusersConfig)
+
+
+@hookimpl
+def register_engine_installers(register: Callable[[EngineInstaller], None]) -> None:
+    from .environment import DiffusersInstaller
+
+    register(DiffusersInstaller())
 
 
 @hookimpl

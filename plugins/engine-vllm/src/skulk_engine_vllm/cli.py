@@ -5,20 +5,33 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 
-def add_engines_command(cli: Any) -> None:
-    engines = cli.add_parser("engines", help="install engines that live in their own environment")
-    sub = engines.add_subparsers(dest="engines_command", required=True)
-    install = sub.add_parser("install", help="create an engine's venv (vllm: ~3.4 GB for cpu)")
-    install.add_argument("engine", choices=["vllm"])
-    install.add_argument(
-        "--flavor", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda with an NVIDIA driver, else cpu"
-    )
-    install.set_defaults(func=cmd_install)
-    status = sub.add_parser("status", help="which engine venvs are installed")
-    status.set_defaults(func=cmd_status)
+class VllmInstaller:
+    """`skulk-kernel engines install vllm [--flavor auto|cpu|cuda]` and its line in `engines status`."""
+
+    name = "vllm"
+    help = "vLLM in its own venv (~3.4 GB for cpu)"
+
+    def install(self, argv: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog="skulk-kernel engines install vllm")
+        parser.add_argument(
+            "--flavor",
+            choices=["auto", "cpu", "cuda"],
+            default="auto",
+            help="auto: cuda with an NVIDIA driver, else cpu",
+        )
+        return cmd_install(parser.parse_args(argv))
+
+    def status(self) -> str:
+        from .venv import installed_info, venv_dir
+
+        lines = []
+        for flavor in ("cpu", "cuda"):
+            info = installed_info(flavor)
+            state = f"vllm {info['vllm']}, torch {info['torch']}" if info else "not installed"
+            lines.append(f"{flavor}: {state} ({venv_dir(flavor)})")
+        return "; ".join(lines)
 
 
 def cmd_install(args: argparse.Namespace) -> int:
@@ -37,14 +50,4 @@ def cmd_install(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     say(f"done: {python}")
-    return 0
-
-
-def cmd_status(_args: argparse.Namespace) -> int:
-    from .venv import installed_info, venv_dir
-
-    for flavor in ("cpu", "cuda"):
-        info = installed_info(flavor)
-        state = f"vllm {info['vllm']}, torch {info['torch']}" if info else "not installed"
-        print(f"vllm-{flavor:<5} {state:<40} {venv_dir(flavor)}")
     return 0

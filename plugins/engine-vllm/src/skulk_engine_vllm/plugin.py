@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import EngineInstaller, NodeSurface
 
 PLUGIN = "engine-vllm"
 
@@ -72,10 +72,10 @@ def probe_node(facts: dict[str, Any]) -> None:
 
 
 @hookimpl
-def register_cli_commands(cli: Any) -> None:
-    from .cli import add_engines_command
+def register_engine_installers(register: Callable[[EngineInstaller], None]) -> None:
+    from .cli import VllmInstaller
 
-    add_engines_command(cli)
+    register(VllmInstaller())
 
 
 @hookimpl

@@ -56,27 +56,23 @@ def install(home: Path, ref: str, say: Any = print) -> Path:
     return target
 
 
-def add_engines_command(cli: Any) -> None:
-    """Add `engines install comfyui` (and `engines status`), or join an `engines` command that exists."""
-    existing = cli.choices.get("engines") if hasattr(cli, "choices") else None
-    if existing is not None:
-        return  # another engine plugin owns `engines`; use `skulk-kernel comfyui-install` instead
-    engines = cli.add_parser("engines", help="install engines that live in their own environment")
-    sub = engines.add_subparsers(dest="engines_command", required=True)
-    setup = sub.add_parser("install", help="clone ComfyUI at a pinned version and create its environment")
-    setup.add_argument("engine", choices=["comfyui"])
-    setup.add_argument("--ref", default=PINNED, help=f"tag or branch to clone (default {PINNED})")
-    setup.add_argument("--home", default=os.environ.get("SKULK_HOME", "~/.skulk"))
-    setup.set_defaults(func=cmd_install)
+class ComfyUIInstaller:
+    """`skulk-kernel engines install comfyui [--ref TAG] [--home DIR]` and its `engines status` line."""
 
+    name = "comfyui"
+    help = "a ComfyUI checkout at a pinned version, with its own venv"
 
-def add_fallback_command(cli: Any) -> None:
-    if "comfyui-install" in getattr(cli, "choices", {}):
-        return
-    setup = cli.add_parser("comfyui-install", help="clone ComfyUI at a pinned version and create its environment")
-    setup.add_argument("--ref", default=PINNED)
-    setup.add_argument("--home", default=os.environ.get("SKULK_HOME", "~/.skulk"))
-    setup.set_defaults(func=cmd_install)
+    def install(self, argv: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog="skulk-kernel engines install comfyui")
+        parser.add_argument("--ref", default=PINNED, help=f"tag or branch to clone (default {PINNED})")
+        parser.add_argument("--home", default=os.environ.get("SKULK_HOME", "~/.skulk"))
+        return cmd_install(parser.parse_args(argv))
+
+    def status(self) -> str:
+        target = Path(os.environ.get("SKULK_HOME", "~/.skulk")).expanduser() / "engines" / "comfyui" / PINNED
+        if not ((target / "main.py").is_file() and (target / ".venv").is_dir()):
+            return f"{PINNED} not installed ({target})"
+        return f"{PINNED} at {checkout_commit(target) or 'unknown commit'} ({target})"
 
 
 def cmd_install(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
-from skulk_kernel.api import IndexedEvent, NodeSurface, State
+from skulk_kernel.api import EngineInstaller, IndexedEvent, NodeSurface, State
 
 from .config import PLUGIN, VideoConfig
 
@@ -43,11 +43,10 @@ def probe_node(facts: dict[str, Any]) -> None:
 
 
 @hookimpl
-def register_cli_commands(cli: Any) -> None:
-    from .install import add_engines_command, add_fallback_command
+def register_engine_installers(register: Callable[[EngineInstaller], None]) -> None:
+    from .install import ComfyUIInstaller
 
-    add_engines_command(cli)
-    add_fallback_command(cli)
+    register(ComfyUIInstaller())
 
 
 @hookimpl
