@@ -236,12 +236,55 @@ async def _raise_early(handle: InferenceHandle, early_errors: Mapping[str, int])
         )
 
 
+ModelServer = Callable[[TextGeneration], Awaitable[None]]
+"""A plugin that answers a model id itself: it feeds the command's stream (`node.send_chunk` to this
+node) with the same chunks an instance would, ending with a terminal chunk; an ErrorChunk first
+(e.g. code `instance_not_ready`) becomes the adapter's early HTTP error."""
+
+
+def serve_model(node: NodeSurface, model_ref: str, server: ModelServer) -> None:
+    """Answer `model_ref` on every chat API of this node with `server` (the steward's `skulk/steward`)
+    instead of a placed instance; the adapters, streaming and errors stay the API host's."""
+    node.extensions.setdefault("api-control.served-models", {})[model_ref.strip().lower()] = server
+
+
+def _served(node: NodeSurface, model_ref: str) -> ModelServer | None:
+    served = node.extensions.get("api-control.served-models") or {}
+    found = served.get(model_ref.strip().lower())
+    return found if callable(found) else None
+
+
+async def _serve_here(node: NodeSurface, command: TextGeneration, server: ModelServer) -> InferenceHandle:
+    """A served model's request: the same stream, first-chunk wait and early errors as an instance's."""
+    stream = node.streams.open(command.command_id)
+    iterator = stream.__aiter__()
+    feeding = asyncio.ensure_future(server(command))
+    try:
+        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
+    except (TimeoutError, StopAsyncIteration):
+        feeding.cancel()
+        node.streams.close(command.command_id)
+        raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None
+    except BaseException:
+        feeding.cancel()
+        node.streams.close(command.command_id)
+        raise
+    handle = InferenceHandle(node, command.command_id, iterator, first, command=command, observers=[])
+    await _raise_early(handle, _EARLY_ERRORS)
+    return handle
+
+
 async def generate(node: NodeSurface, params: TextGenerationParams, command_id: str | None = None) -> InferenceHandle:
     """Send a TextGeneration command and wait for its first chunk.
 
     Errors that belong before the response starts (unknown model, no instance, context overflow)
     raise InferenceError so the adapter can answer with a 4xx instead of a broken stream.
     """
+    if (server := _served(node, params.model_id)) is not None:
+        command = TextGeneration(
+            command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params
+        )
+        return await _serve_here(node, command, server)
     model_id = resolve_model_id(node, params.model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})

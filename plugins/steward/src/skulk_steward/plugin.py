@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
-from skulk_kernel.api import ModelCard, NodeSurface
+from skulk_kernel.api import NodeSurface
 
 from .config import PLUGIN, StewardConfig
 
@@ -24,26 +24,13 @@ def startup(node: NodeSurface) -> None:
     service = StewardService(node, node.plugin_config(PLUGIN) or StewardConfig())
     node.extensions[PLUGIN] = service
     node.spawn(service.run(), "steward")
+    from .routing import serve_steward
 
-
-@hookimpl
-def resolve_model(ref: str, catalog: dict[str, ModelCard]) -> ModelCard | None:
-    from .routing import resolve
-
-    return resolve(ref, catalog)
-
-
-@hookimpl
-def wrap_inference(node: NodeSurface) -> Any:
-    from .routing import StewardMiddleware
-
-    return StewardMiddleware(node)
+    serve_steward(node)
 
 
 @hookimpl
 def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .routes import add_steward_routes
-    from .routing import StewardGate
 
     add_steward_routes(app, node)
-    app.add_middleware(StewardGate, node=node)
