@@ -156,6 +156,13 @@ def main() -> None:
         "load_avg_start": os.getloadavg(),
         "max_tokens": args.max_tokens,
     }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every section, so a run cut short still leaves what it measured
+        report["load_avg_now"] = os.getloadavg()
+        (out / "llama.json").write_text(json.dumps(report, indent=2) + "\n")
+
     env = {"SKULK_MODELS_DIR": str(models_dir), "SKULK_NETWORK_VERSION": f"bench-llama-{uuid.uuid4().hex[:8]}"}
     node = start_node("cpu-llamacpp", home=Path(tempfile.mkdtemp(prefix="bench-llama-")), env=env)
     try:
@@ -178,6 +185,8 @@ def main() -> None:
                 }
                 rows[n]["node_vs_engine"] = rows[n]["node_tps"] / rows[n]["engine_tps"]
                 print(n, json.dumps(rows[n]), flush=True)
+                report["levels"] = rows
+                save()
         base = rows[levels[0]]
         for n in levels:
             rows[n]["node_vs_node_1"] = rows[n]["node_tps"] / base["node_tps"]
@@ -189,6 +198,7 @@ def main() -> None:
         constrained = [stream_once(node_url, MODEL, args.max_tokens, {"response_format": fmt}) for _ in range(3)]
         report["constrained_vs_plain"] = best(constrained, "decode_tps") / best(plain, "decode_tps")
         print("constrained/plain", report["constrained_vs_plain"], flush=True)
+        save()
         if args.burst:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(32) as pool:
@@ -199,15 +209,13 @@ def main() -> None:
                 "tokens": sum(r["tokens"] for r in runs),
             }
             print("burst", report["burst_32x256"], flush=True)
+            save()
     finally:
         node.stop()
     if not args.no_spec:
         report["speculative"] = speculative(models_dir, args.max_tokens)
         print("speculative", report["speculative"], flush=True)
-    report["load_avg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "llama.json").write_text(json.dumps(report, indent=2) + "\n")
+    save()
     print(json.dumps(report, indent=2))
 
 
