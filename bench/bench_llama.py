@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -141,6 +142,7 @@ def main() -> None:
     ap.add_argument("--no-spec", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the node on a timeout
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT / "plugins" / "engine-llamacpp" / "src"))
     from skulk_engine_llamacpp.models import provision_smollm2
