@@ -123,7 +123,8 @@ def speculative(models_dir: Path, max_tokens: int) -> dict[str, Any] | None:
     ask = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
     out: dict[str, Any] = {}
     for name, d in (("plain", None), ("speculative", draft)):
-        one_core = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1}  # 2-thread batches collapse when busy
+        # one core each: 2-thread batches collapse on a busy 2-core box
+        one_core: dict[str, Any] = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1}
         with LlamaServer(target, n_ctx=2048, draft_model_path=d, draft_max=4, **one_core) as srv:
             fin = [e for e in srv.chat(ask, sampling={"max_tokens": max_tokens, "temperature": 0})][-1]
             assert isinstance(fin, Finish)
