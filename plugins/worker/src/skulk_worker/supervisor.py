@@ -79,6 +79,8 @@ class RunnerSupervisor:
     crashes: deque[float] = field(default_factory=deque)
     stopping: bool = False
     ready: bool = False
+    drafted: int = 0  # speculative decoding, over this runner's life: tokens the draft proposed ...
+    draft_accepted: int = 0  # ... and how many of them the model kept (from the final chunks' stats)
     _reader: threading.Thread | None = None
 
     @property
@@ -183,6 +185,9 @@ class RunnerSupervisor:
             flight = self.in_flight.get(message[1])
             if flight is not None and (self.output_rank or isinstance(message[2], ErrorChunk)):
                 flight.next_seq = message[2].seq + 1
+                if (stats := message[2].stats) is not None and stats.draft_tokens:
+                    self.drafted += stats.draft_tokens
+                    self.draft_accepted += stats.draft_accepted
                 hop = flight.traced and (message[2].seq == 0 or is_terminal(message[2]))
                 sent_ns = time.time_ns() if hop else 0
                 await self.node.send_chunk(flight.task.owner_node_id, message[2])

@@ -231,6 +231,11 @@ class Worker:
                     "phase": "serving" if sup.ready else "starting",
                     "pid": sup.process.pid if sup.process else None,
                     "inFlight": len(sup.in_flight),
+                    "speculative": {
+                        "drafted": sup.drafted,
+                        "accepted": sup.draft_accepted,
+                        "acceptance": round(sup.draft_accepted / sup.drafted, 4) if sup.drafted else None,
+                    },
                 }
             )
         return out
