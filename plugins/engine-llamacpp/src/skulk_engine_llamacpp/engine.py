@@ -62,20 +62,7 @@ def probe_builds() -> dict[str, str]:
 
 
 def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
-    out = []
-    for m in params.messages:
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-        if m.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in m.tool_calls
-            ]
-        if m.tool_call_id:
-            msg["tool_call_id"] = m.tool_call_id
-        if m.name and m.role == "tool":
-            msg["name"] = m.name
-        out.append(msg)
-    return out
+    return [m.template_dict() for m in params.messages]
 
 
 def to_tools(params: TextGenerationParams) -> list[dict[str, Any]] | None:
