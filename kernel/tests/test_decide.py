@@ -161,6 +161,13 @@ def test_place_instance_creates_the_planned_instance() -> None:
     )
     (event,) = decision.events
     assert isinstance(event, InstanceCreated) and event.instance.shard_assignments.model_id == "m"
+    # the API node sends a placement again when no master confirmed it: the same id places nothing new
+    again = decide(
+        applied(State(), NodeJoined(node_id=NodeId("a")), event),
+        PlaceInstance(command_id=CommandId("p1"), model_id=ModelId("m")),
+        view(),
+    )
+    assert again.events == ()
 
 
 def test_place_instance_refusal_is_logged_not_indexed() -> None:

@@ -290,6 +290,8 @@ def _(command: cmd.PlaceInstance, state: State, view: DecisionView) -> Decision:
         instance = place(state, command, view)
     except PlacementError as exc:
         return Decision(log=(f"placement of {command.model_id} failed: {exc.message}",))
+    if instance.instance_id in state.instances:  # sent again (the id derives from the command): placed already
+        return NOTHING
     return Decision(events=(ev.InstanceCreated(instance=instance),))
 
 

@@ -6,6 +6,7 @@ model_card}` from /place_instance) so tools written for it work here.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections import deque
 from typing import Any
@@ -55,6 +56,7 @@ def error(status: int, message: str, code: str | None = None, param: str | None 
 
 
 MAX_REPLICAS = 16
+PLACE_CONFIRM_S = 15.0  # how long /place_instance waits for the master to index the new instances
 
 
 class RecentEvents:
@@ -117,6 +119,29 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         except PlacementError as exc:
             return None, error(503 if exc.retryable else 400, exc.message, code=exc.kind)
 
+    async def _submit_confirmed(commands: list[PlaceInstance]) -> bool:
+        """Submit placements until the master has indexed each one (True) or PLACE_CONFIRM_S passed.
+
+        A command published while no master is active (just after start, or during an election) is
+        lost; a placement is idempotent by its command id (the instance id), so sending it again is safe.
+        """
+        wanted = {c.command_id for c in commands}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PLACE_CONFIRM_S
+        while loop.time() < deadline:
+            if node.master_id is None:
+                await asyncio.sleep(0.2)
+                continue
+            for each in commands:
+                if each.command_id not in node.state.instances:
+                    await node.submit(each)
+            try:
+                await node.wait_for(lambda s: wanted <= set(s.instances), min(3.0, max(0.1, deadline - loop.time())))
+                return True
+            except TimeoutError:
+                continue
+        return False
+
     @app.post("/place_instance")
     async def place_instance(request: Request) -> Any:
         body = await json_body(request)
@@ -144,8 +169,12 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         # each replica is its own placement; the master sequences them and the planner puts each
         # on a node that does not serve the model yet where one fits (planner.replicas_by_node)
         commands = [command, *(command.model_copy(update={"command_id": new_id()}) for _ in range(replicas - 1))]
-        for each in commands:
-            await node.submit(each)
+        if not await _submit_confirmed(commands):
+            return error(
+                503,
+                "the master did not confirm the placement in time (is a master elected? see /state); retry",
+                "not_confirmed",
+            )
         return {
             "message": f"placing {card.model_id}" + (f" ({replicas} replicas)" if replicas > 1 else ""),
             "command_id": command.command_id,
