@@ -73,12 +73,23 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
         return {"object": "list", "data": [model_entry(node, card) for card in catalog(node).values()]}
 
     async def confirm(card: ModelCard) -> JSONResponse | None:
-        await node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card))
-        try:
-            await node.wait_for(lambda s: s.custom_model_cards.get(card.model_id) == card, 10)
-        except TimeoutError:
-            return _error(503, "the master did not confirm the card in time; retry", "not_confirmed")
-        return None
+        """Send the card until the master has it in State (a command sent while no master is active,
+        just after start or during an election, is lost; adding the same card again is harmless)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while loop.time() < deadline:
+            if node.master_id is None:
+                await asyncio.sleep(0.2)
+                continue
+            await node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card))
+            try:
+                await node.wait_for(lambda s: s.custom_model_cards.get(card.model_id) == card, 3)
+                return None
+            except TimeoutError:
+                continue
+        return _error(
+            503, "the master did not confirm the card in time (is a master elected? see /state); retry", "not_confirmed"
+        )
 
     @app.post("/models/add")
     async def add_model(request: Request) -> Any:
