@@ -85,7 +85,7 @@ def image_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageClu
     models = tmp / "models"
     profile = tmp / "profile.toml"
     profile.write_text(PROFILE.replace("{models}", str(models)))
-    env = {"SKULK_NETWORK_VERSION": f"img{uuid.uuid4().hex[:10]}", "SKULK_DIFFUSERS_SPOOL": str(tmp / "spool")}
+    env = {"SKULK_NETWORK_VERSION": f"img{uuid.uuid4().hex[:10]}", "SKULK_MEDIA_SPOOL": str(tmp / "spool")}
     nodes: list[NodeProcess] = []
     try:
         for i in range(2):

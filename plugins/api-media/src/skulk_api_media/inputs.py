@@ -81,6 +81,39 @@ async def send_when_running(node: NodeSurface, command_id: str, data: bytes, mim
             await node.send_chunk(target, piece)
 
 
+RECEIVER_KEY = "api-media.inputs"
+
+
+def shared_receiver(node: NodeSurface, max_bytes: int, timeout_s: float) -> InputReceiver:
+    """The node's one receiver of media inputs: every media engine plugin on the node shares it (two
+    receivers would both open a task's input stream)."""
+    found = node.extensions.get(RECEIVER_KEY)
+    if not isinstance(found, InputReceiver):
+        found = node.extensions[RECEIVER_KEY] = InputReceiver(node, max_bytes, timeout_s)
+    return found
+
+
+def forward_event(node: NodeSurface, event: Any) -> None:
+    """An engine plugin's on_event_applied: the events the receiver follows (idempotent, so every
+    media plugin on the node may forward them)."""
+    receiver = node.extensions.get(RECEIVER_KEY)
+    if not isinstance(receiver, InputReceiver):
+        return
+    kind = type(event).__name__
+    if kind == "TaskCreated":
+        receiver.on_task_created(event.task)
+    elif kind == "TaskDeleted":
+        receiver.on_task_deleted(event.task_id)
+    elif kind == "InstanceDeleted":
+        receiver.on_instance_deleted(event.instance_id)
+
+
+def close_receiver(node: NodeSurface) -> None:
+    receiver = node.extensions.pop(RECEIVER_KEY, None)
+    if isinstance(receiver, InputReceiver):
+        receiver.close()
+
+
 class InputReceiver:
     """Takes the inputs of media tasks whose runner is on this node and spools them."""
 
@@ -91,7 +124,7 @@ class InputReceiver:
         self.receiving: dict[str, asyncio.Task[None]] = {}
 
     def on_task_created(self, task: Any) -> None:
-        if type(task).__name__ not in MEDIA_TASKS or not task.params.input_sha256:
+        if type(task).__name__ not in MEDIA_TASKS or not task.params.input_sha256 or task.task_id in self.receiving:
             return
         instance = self.node.state.instances.get(task.instance_id)
         if instance is None or self.node.node_id not in instance.shard_assignments.node_to_runner:

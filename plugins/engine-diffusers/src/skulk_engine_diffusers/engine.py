@@ -8,7 +8,7 @@ One image request is one call of the pipeline, run on a thread of the runner so 
 yield while it denoises: a `ProgressChunk` per denoising step (from `callback_on_step_end`, which
 also interrupts the pipeline once the task is cancelled), then each of the n images encoded
 (PNG, JPEG or WebP) and sent as `MediaChunk` pieces, the last piece of the last image terminal.
-An edit (`input_sha256` set) first waits for its input image (`inputs.wait_for_input`) and runs the
+An edit (`input_sha256` set) first waits for its input image (`skulk_api_media.inputs.wait_for_input`) and runs the
 image-to-image pipeline made from the same components. The same seed makes the same images: the
 generator is a CPU `torch.Generator` seeded per request.
 
@@ -156,8 +156,7 @@ class DiffusersSession:
     def _input_image(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Any:
         """The edit's input as an RGB PIL image; InputError / ValueError say what went wrong."""
         from PIL import Image, UnidentifiedImageError
-
-        from .inputs import wait_for_input
+        from skulk_api_media.inputs import wait_for_input
 
         data = wait_for_input(
             self.spec.instance_id, command_id, params.input_sha256 or "", self.upload_timeout_s, cancelled
@@ -170,7 +169,7 @@ class DiffusersSession:
         return image.convert("RGB")
 
     def generate_image(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        from .inputs import InputError
+        from skulk_api_media.inputs import InputError
 
         options = params.options
         try:

@@ -62,28 +62,21 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 
 @hookimpl
 def startup(node: NodeSurface) -> None:
-    from .inputs import InputReceiver
+    from skulk_api_media.inputs import shared_receiver
 
     config = _config(node)
-    node.extensions[PLUGIN] = InputReceiver(node, config.max_upload_bytes, config.upload_timeout_s)
+    shared_receiver(node, config.max_upload_bytes, config.upload_timeout_s)  # one per node, shared
 
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
-    receiver = node.extensions.get(PLUGIN)
-    if receiver is None:
-        return
-    kind = type(event.event).__name__
-    if kind == "TaskCreated":
-        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
-    elif kind == "TaskDeleted":
-        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
-    elif kind == "InstanceDeleted":
-        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+    from skulk_api_media.inputs import forward_event
+
+    forward_event(node, event.event)
 
 
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
-    receiver = node.extensions.pop(PLUGIN, None)
-    if receiver is not None:
-        receiver.close()
+    from skulk_api_media.inputs import close_receiver
+
+    close_receiver(node)

@@ -6,7 +6,8 @@ consumer of the engine's card rules and of the media pieces, and a node without 
 image model to answer for. They follow api-control's route template (`adapter_routes.answer`) and
 its one start path (`dispatch.start`), so waiting for the first chunk, early errors as HTTP
 statuses, a departed client (its task cancelled) and FinishTask work as for every other request.
-An edit's input image follows its command on the data plane (`inputs.send_when_running`).
+An edit's input image follows its command on the data plane (`skulk_api_media.inputs.send_when_running`,
+the protocol video inputs use too).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from skulk_api_control.adapter_routes import ErrorAnswers, answer
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, resolve_model_id, start
 from skulk_api_control.server import openai_error
 from skulk_api_control.streaming import BodyTooLarge, read_body
+from skulk_api_media.inputs import send_when_running
 from skulk_kernel.api import (
     CommandId,
     ErrorChunk,
@@ -36,8 +38,9 @@ from starlette.responses import JSONResponse, Response
 from .config import DiffusersConfig
 from .files import ImageFiles
 from .image_requests import BadRequest, ImageRequest, check, default_model, sniff_image
-from .inputs import send_when_running
 from .pieces import Assembler, PieceError
+
+INPUT_MIME = "application/x-skulk-input"
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small fields besides the file
@@ -163,7 +166,7 @@ def add_image_routes(app: Any, node: NodeSurface, config: DiffusersConfig, files
 
         async def send_input() -> None:
             assert image.input_image is not None
-            await send_when_running(node, command.command_id, image.input_image, FIRST_CHUNK_TIMEOUT_S)
+            await send_when_running(node, command.command_id, image.input_image, INPUT_MIME, FIRST_CHUNK_TIMEOUT_S)
 
         call = start(
             node,

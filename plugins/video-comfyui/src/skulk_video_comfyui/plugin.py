@@ -51,28 +51,23 @@ def register_engine_installers(register: Callable[[EngineInstaller], None]) -> N
 
 @hookimpl
 def startup(node: NodeSurface) -> None:
-    from skulk_api_media.inputs import InputReceiver
+    from skulk_api_media.inputs import shared_receiver
 
     config = _config(node)
-    node.extensions[PLUGIN] = InputReceiver(node, config.max_input_bytes, config.input_timeout_s)
+    shared_receiver(
+        node, config.max_input_bytes, config.input_timeout_s
+    )  # one per node, shared by the media engine plugins
 
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
-    receiver = node.extensions.get(PLUGIN)
-    if receiver is None:
-        return
-    kind = type(event.event).__name__
-    if kind == "TaskCreated":
-        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
-    elif kind == "TaskDeleted":
-        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
-    elif kind == "InstanceDeleted":
-        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+    from skulk_api_media.inputs import forward_event
+
+    forward_event(node, event.event)
 
 
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
-    receiver = node.extensions.pop(PLUGIN, None)
-    if receiver is not None:
-        receiver.close()
+    from skulk_api_media.inputs import close_receiver
+
+    close_receiver(node)
