@@ -78,6 +78,9 @@ def measure_backend(bench: Bench, backend: str) -> dict[str, Any]:
     with new_client() as client:
         warm = stream_once(client, node.url, "chat", s.model, fresh_prompt(7), 8)
     out: dict[str, Any] = {"backend": backend, "warmup_ok": warm.ok, "levels": []}
+    if not warm.ok or not warm.n_tokens:  # e.g. an engine for another task (test_video) took the text model
+        out["error"] = f"the warm-up request produced no tokens on {backend}: {warm.error or 'empty answer'}"[:500]
+        return out
     seed = 10_000
     for level in s.concurrency_levels:
         rounds = max(1, math.ceil(s.concurrency_min_requests / level))
@@ -135,15 +138,24 @@ def run(section: Section, bench: Bench) -> None:
         "engine_options": (bench.node_profile.get("config") or {}).get("engine-llamacpp"),
     }
     backends: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
     for backend in [started_on, *others]:
         try:
             if backend != started_on:
                 t0 = time.perf_counter()
                 nodes.move_to_backend(node, s.model, backend)
                 log(f"   moved {s.model} to {backend} in {time.perf_counter() - t0:.1f} s")
-            backends[backend] = measure_backend(bench, backend)
+            measured = measure_backend(bench, backend)
         except Exception as exc:
-            backends[backend] = {"backend": backend, "error": f"{type(exc).__name__}: {exc}"[:500], "levels": []}
+            measured = {"backend": backend, "error": f"{type(exc).__name__}: {exc}"[:500], "levels": []}
+        if backend != started_on and not measured.get("warmup_ok", True):
+            # a backend of an engine for another task (the dev profile's test_video): not a text backend
+            skipped[backend] = measured.get("error", "warm-up failed")
+            log(f"   skipped {backend}: {skipped[backend]}")
+            continue
+        backends[backend] = measured
+    others = [b for b in others if b not in skipped]
+    section.context["skipped_backends"] = skipped
     section.results["backends"] = backends
     primary = backends.get(started_on, {})
     for backend, data in backends.items():
@@ -167,10 +179,12 @@ def run(section: Section, bench: Bench) -> None:
                 "ms",
             )
         top = data.get("levels", [])[-1:] or [{}]
+        unmeasured = data.get("error") or (None if top[0].get("scaling_vs_1") is not None else "no tokens at 1 stream")
         section.add_ratio(
             f"{backend}_scaling_at_{top[0].get('concurrency')}_vs_1",
             top[0].get("scaling_vs_1"),
             f"{backend} aggregate tok/s at concurrency 1",
+            note=unmeasured,
         )
     for backend in others:
         data = backends.get(backend, {})
