@@ -10,6 +10,7 @@ with the reason and placed again on the nodes that are left.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import time
@@ -24,7 +25,10 @@ import pytest
 from skulk_testing.nodes import NodeProcess, start_node
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("mlx_lm")
+# find_spec, not importorskip: importing mlx-lm at collection imports transformers, which then caches
+# "no torch" for every later test in the process (the diffusers engine's tests put torch on the path).
+if importlib.util.find_spec("mlx_lm") is None:
+    pytest.skip("mlx-lm is not installed", allow_module_level=True)
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct-MLX"
 QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct-MLX"

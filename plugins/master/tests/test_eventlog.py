@@ -395,7 +395,11 @@ _values = st.recursive(
 _payloads = st.dictionaries(st.text(max_size=10), _values, max_size=4)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],  # slow only on a loaded box
+)
 @given(payloads=st.lists(_payloads, max_size=120), rotate=st.integers(1, 4_000), reopen_at=st.integers(0, 120))
 def test_property_replay_returns_what_was_appended(
     tmp_path_factory: pytest.TempPathFactory, payloads: list[dict[str, Any]], rotate: int, reopen_at: int

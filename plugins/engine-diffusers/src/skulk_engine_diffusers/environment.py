@@ -61,8 +61,17 @@ def env_dir() -> Path:
 
 
 def native() -> bool:
-    """torch and diffusers are importable without the overlay (installed in the node's environment)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("torch", "diffusers", "PIL"))
+    """torch and diffusers are importable without the overlay (installed in the node's environment).
+
+    A module found inside the overlay does not count: once a process has put the overlay on its
+    path (a test, or `activate`), the overlay must still be reported as what provides them.
+    """
+    overlay = env_dir().resolve()
+    for name in ("torch", "diffusers", "PIL"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None or Path(spec.origin).resolve().is_relative_to(overlay):
+            return False
+    return True
 
 
 def overlay_info() -> dict[str, str] | None:
