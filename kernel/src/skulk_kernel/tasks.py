@@ -85,6 +85,12 @@ class TextGenerationParams(WireModel):
     raw_prompt: str | None = Field(
         default=None, description="pre-rendered prompt (Ollama raw/generate); skips the template"
     )
+    token_ids: bool = Field(default=False, description="stream each TokenChunk's token ids (what a resume continues)")
+    continue_from: tuple[int, ...] = Field(
+        default=(),
+        description="set by a resume: the ids of the output already streamed, which the trailing assistant message "
+        "spells as text; an engine of the same tokenizer continues from them instead of re-tokenizing that text",
+    )
 
 
 class EmbeddingParams(WireModel):
@@ -212,6 +218,7 @@ class TokenChunk(ChunkBase):
     text: str
     reasoning: bool = False
     logprobs: tuple[TokenLogprob, ...] = ()
+    token_ids: tuple[int, ...] = ()  # with params.token_ids: the ids this text came from
 
 
 class ToolCallChunk(ChunkBase):

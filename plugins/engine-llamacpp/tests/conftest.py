@@ -78,10 +78,11 @@ def inproc(smollm2_path: Path):
 
 @pytest.fixture(scope="session")
 def qwen_pair(models_dir: Path) -> tuple[Path, Path]:
-    """(Qwen2.5-Coder-1.5B, its 0.5B sibling as the draft): one vocabulary, about 1.6 GB once."""
-    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15
+    """(Qwen2.5-Coder-1.5B, its 0.5B sibling as the draft): one vocabulary, about 1.6 GB once,
+    requantized to Q4_1 (seconds, once) so that a batch evaluates exactly as single tokens do."""
+    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15, requantize
 
     try:
-        return provision_qwen15(models_dir), provision_qwen05(models_dir)
+        return requantize(provision_qwen15(models_dir)), requantize(provision_qwen05(models_dir))
     except ProvisionError as exc:
         pytest.skip(f"the Qwen pair is not provisionable here: {exc}")

@@ -1,10 +1,10 @@
 """Speculative decoding on the server backend with a real pair: Qwen2.5-Coder-0.5B drafting for 1.5B.
 
-Greedy text must be the plain model's. One honest exception, checked rather than assumed: the
-model scores a drafted run of tokens in one batch, whose CPU kernels round differently from one
-token at a time, so at a near-tie (the plain run's top two choices within TIE nats) the two runs
-may take different branches. Anywhere else a divergence fails the test -- a broken verifier
-diverges at confident tokens.
+Greedy text must be the plain model's, character for character. That holds because the target
+scores a drafted run of tokens in one batch whose CPU arithmetic, with flash attention and
+batch-exact weight types (the pair requantized to Q4_1, see ``models.BATCH_EXACT_TYPES``), rounds
+exactly as one token at a time does. (With the shipped Q4_K_M files the two runs part at near-ties
+of the plain run's top two choices; the bench reports both.)
 """
 
 from __future__ import annotations
@@ -18,31 +18,15 @@ from skulk_engine_llamacpp.events import Finish, TextDelta
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
     [{"role": "user", "content": "List the planets of the solar system, one per line."}],
+    [{"role": "user", "content": "Explain how a hash map works, with an example in Go."}],
 ]
-TIE = 0.5  # nats between the plain run's first and second choice
 
 
-def run(server: Any, messages: list[dict[str, str]], n: int) -> tuple[list[TextDelta], Finish]:
-    events = list(server.chat(messages, sampling={"max_tokens": n, "temperature": 0}, logprobs=True, top_logprobs=2))
+def run(server: Any, messages: list[dict[str, str]], n: int) -> tuple[str, Finish]:
+    events = list(server.chat(messages, sampling={"max_tokens": n, "temperature": 0}))
     fin = events[-1]
     assert isinstance(fin, Finish)
-    return [e for e in events if isinstance(e, TextDelta)], fin
-
-
-def check_same_or_tie(plain: list[TextDelta], spec_text: str) -> None:
-    assert spec_text.strip() and all(d.logprobs for d in plain if d.text)
-    done = ""
-    for delta in plain:
-        for lp in delta.logprobs or ():
-            if spec_text.startswith(done + lp.token):
-                done += lp.token
-                continue
-            if len(spec_text) <= len(done):
-                return  # the speculative run stopped here (it may draft past max_tokens less often)
-            top = sorted((t.logprob for t in lp.top), reverse=True)
-            margin = top[0] - top[1] if len(top) > 1 else float("inf")
-            assert margin < TIE, f"diverged at a confident token ({margin:.2f} nats) after {done!r}"
-            return
+    return "".join(e.text for e in events if isinstance(e, TextDelta)), fin
 
 
 @pytest.mark.slow
@@ -52,15 +36,16 @@ def test_draft_model_keeps_greedy_text_and_reports_acceptance(qwen_pair: tuple[P
     from skulk_engine_llamacpp.server_backend import LlamaServer
 
     target, draft = qwen_pair
-    common = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1, "n_ctx": 1024}
+    common = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 2, "n_ctx": 1024}
     with LlamaServer(target, **common) as srv:
-        plain = [run(srv, m, 40) for m in PROMPTS]
+        plain = [run(srv, m, 60) for m in PROMPTS]
         assert srv.speculative_stats() == {"drafted": 0, "accepted": 0}
     with LlamaServer(target, draft_model_path=draft, draft_max=4, **common) as srv:
-        spec = [run(srv, m, 40) for m in PROMPTS]
+        spec = [run(srv, m, 60) for m in PROMPTS]
         totals = srv.speculative_stats()
-    for (p_deltas, _), (s_deltas, s_fin) in zip(plain, spec, strict=True):
-        check_same_or_tie(p_deltas, "".join(d.text for d in s_deltas))
+    for (p_text, p_fin), (s_text, s_fin) in zip(plain, spec, strict=True):
+        assert p_text.strip() and s_text == p_text
+        assert s_fin.completion_tokens == p_fin.completion_tokens
         assert 0 < s_fin.timings["draft_n_accepted"] <= s_fin.timings["draft_n"]
     assert totals["drafted"] == sum(f.timings["draft_n"] for _, f in spec)
     assert totals["accepted"] / totals["drafted"] > 0.3  # same family, same vocabulary: most drafts hold

@@ -5,8 +5,12 @@ its node left, its runner crashed or its instance was torn down, it sends the sa
 another ready instance with the streamed text as a final assistant message, which the engine
 continues under the same chat template without closing the turn (llama.cpp's server prefills a
 trailing assistant message: the model picks up mid-sentence), with the remaining token budget and
-the same sampling parameters. The client sees one stream: no text twice, none missing, usage that
-adds up. Greedy output is identical to an uninterrupted run on the same model and engine build.
+the same sampling parameters. Where there is another instance to resume on, the request asks its
+engine for token ids (``TextGenerationParams.token_ids``), and a resume passes the ids streamed so
+far (``continue_from``): an engine that has them (llama.cpp's server) continues from the exact
+token sequence the dead run had instead of re-tokenizing the text, which may split differently.
+The client sees one stream: no text twice, none missing, usage that adds up. Greedy output is
+identical to an uninterrupted run on the same model and engine build.
 
 Never resumed: a client cancel (it never reaches here), a bad request, a context overflow, an
 engine error (deterministic: the next instance would fail the same way) and a master change (a new
@@ -78,17 +82,29 @@ def stats_for(node: NodeSurface) -> ResumeStats:
 
 @dataclass
 class Progress:
-    """What the client has received so far (the prefix a resume continues)."""
+    """What the client has received so far (the prefix a resume continues).
+
+    ``ids`` are the token ids of that text while every chunk carried its own (the request asked
+    for ``token_ids``): a resume hands them to the engine, which continues from the interrupted
+    run's exact token sequence. One chunk without ids (reasoning, an engine that has none) and
+    they are dropped for good: the text alone is then the prefix.
+    """
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tokens: int = 0
+    ids: list[int] | None = field(default_factory=list)
 
     def add(self, chunk: TokenChunk) -> None:
-        if not chunk.text:
-            return
-        (self.reasoning if chunk.reasoning else self.text).append(chunk.text)
-        self.tokens += max(1, len(chunk.logprobs))
+        if self.ids is not None:
+            if chunk.token_ids and not chunk.reasoning:
+                self.ids.extend(chunk.token_ids)
+            elif chunk.text:
+                self.ids = None
+        if chunk.text:
+            (self.reasoning if chunk.reasoning else self.text).append(chunk.text)
+        if chunk.text or chunk.token_ids:
+            self.tokens += len(chunk.token_ids) or max(1, len(chunk.logprobs))
 
 
 def continued_params(params: TextGenerationParams, progress: Progress) -> TextGenerationParams | None:
@@ -101,6 +117,8 @@ def continued_params(params: TextGenerationParams, progress: Progress) -> TextGe
         sampling = sampling.model_copy(update={"max_tokens": left})
     text, reasoning = "".join(progress.text), "".join(progress.reasoning)
     update: dict[str, Any] = {"sampling": sampling}
+    if progress.ids and params.raw_prompt is None and not reasoning:
+        update["continue_from"] = tuple(params.continue_from) + tuple(progress.ids)
     if params.raw_prompt is not None:  # a raw prompt continues as raw text
         update["raw_prompt"] = params.raw_prompt + text
     elif text or reasoning:
@@ -152,7 +170,7 @@ class Resumer:
     def track(self, chunk: Chunk) -> Chunk:
         """Count what the client gets; make the final usage add up over every attempt."""
         if isinstance(chunk, TokenChunk):
-            if chunk.text:
+            if chunk.text or chunk.token_ids:
                 self.progress.add(chunk)
                 self.last_at = time.monotonic()
             if self.attempts and is_terminal(chunk) and (chunk.usage is not None or chunk.stats is not None):
@@ -202,12 +220,13 @@ class Resumer:
             self.commands.append(command.command_id)
             self.router.started(command.command_id, target)
             log.warning(
-                "stream failed (%s: %s) after %d tokens; resuming on instance %s (attempt %d)",
+                "stream failed (%s: %s) after %d tokens; resuming on instance %s (attempt %d, from %s)",
                 error.code,
                 error.message,
                 self.progress.tokens,
                 target,
                 self.attempts,
+                f"{len(params.continue_from)} token ids" if params.continue_from else "the text",
             )
             try:
                 opened = await self.opener(command)

@@ -290,6 +290,10 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
         params = params.model_copy(update={"model_id": model_id})
     router = router_for(node)
     pinned = router.choose(node, model_id, params.messages)
+    config = node.plugin_config("api-control")
+    max_resumes = getattr(config, "max_resumes", DEFAULT_MAX_RESUMES)
+    if max_resumes > 0 and not params.token_ids and len(router.candidates(node, model_id)) > 1:
+        params = params.model_copy(update={"token_ids": True})  # somewhere to resume: make it exact
     command = TextGeneration(
         command_id=CommandId(command_id or new_id()),
         owner_node_id=node.node_id,
@@ -298,14 +302,13 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
     )
     command = _transform(node, command)
     router.started(command.command_id, pinned, params.messages)
-    config = node.plugin_config("api-control")
     resumer = Resumer(
         node,
         router,
         command.params,
         pinned,
         lambda again: start(node, again, early_errors={}, observe=False),
-        getattr(config, "max_resumes", DEFAULT_MAX_RESUMES),
+        max_resumes,
     )
     try:
         handle = await start(node, command, early_errors=_EARLY_NOT_RESUMABLE)

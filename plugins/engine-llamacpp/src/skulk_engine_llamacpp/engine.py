@@ -175,6 +175,7 @@ class LlamaSession:
                 cancel=cancelled,
                 constraint=parse_tool_choice(params.tool_choice),
                 enable_thinking=params.enable_thinking,
+                **self._resume_args(params),
             )
             calls: list[ToolCall] = []
             for event in events:
@@ -184,7 +185,7 @@ class LlamaSession:
                     seq += 1
                     continue
                 if isinstance(event, TextDelta):
-                    if not event.text and not event.logprobs:
+                    if not event.text and not event.logprobs and not event.ids:
                         continue
                     first_at = first_at or time.perf_counter()
                     yield TokenChunk(
@@ -192,6 +193,7 @@ class LlamaSession:
                         seq=seq,
                         text=event.text,
                         logprobs=_logprobs(event.logprobs) if params.logprobs else (),
+                        token_ids=event.ids,
                     )
                     seq += 1
                 elif isinstance(event, ToolCallDelta):
@@ -223,6 +225,12 @@ class LlamaSession:
             return
         # The backend ends without a Finish only when cancelled.
         yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
+
+    def _resume_args(self, params: TextGenerationParams) -> dict[str, Any]:
+        """Token-id streaming and exact continuation, for the backend that has them (the server)."""
+        if not (params.token_ids or params.continue_from) or not getattr(self.backend, "exact_resume", False):
+            return {}
+        return {"token_ids": params.token_ids, "continue_ids": params.continue_from}
 
     def _final(
         self, command_id: str, seq: int, fin: Finish, calls: list[ToolCall], started: float, first_at: float | None
@@ -288,7 +296,7 @@ class LlamaServerEngine(_LlamaEngine):
     splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
-        from .server_backend import LlamaServer
+        from .server_backend import EXACT_UBATCH, LlamaServer
 
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
@@ -305,6 +313,7 @@ class LlamaServerEngine(_LlamaEngine):
             draft_model_path=(opts.get("draft_models") or {}).get(spec.card.model_id) or opts.get("draft_model_path"),
             draft_max=int(opts.get("draft_max", 8)),
             after_tool_result=opts.get("after_tool_result", "answer"),
+            n_ubatch=int(opts["n_ubatch"]) if opts.get("n_ubatch") else EXACT_UBATCH,
         )
         progress(0, spec.card.n_layers)
         server.start()

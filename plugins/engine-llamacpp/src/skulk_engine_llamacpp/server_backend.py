@@ -25,9 +25,10 @@ writes malformed or truncated tool markup.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,6 +79,8 @@ SAMPLING_KEYS = (
     "stop",
 )
 
+log = logging.getLogger("skulk.engine.llamacpp")
+
 
 def _logprobs_from(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob, ...] | None:
     content = (choice.get("logprobs") or {}).get("content")
@@ -101,6 +104,7 @@ def _logprobs_from(choice: dict[str, Any], keep_top: bool) -> tuple[TokenLogprob
                 float(entry["logprob"]),
                 tuple(entry["bytes"]) if entry.get("bytes") is not None else None,
                 top,
+                entry.get("id") if isinstance(entry.get("id"), int) else None,
             )
         )
     return tuple(out)
@@ -120,12 +124,19 @@ def _normalize(vec: list[float]) -> list[float]:
     return [v / norm for v in vec] if norm > 0 else vec
 
 
+#: the largest micro-batch measured to evaluate exactly as single tokens do (see ``_params``)
+EXACT_UBATCH = 32
+
+
 class LlamaServer:
     """One GGUF model served by llama.cpp's native server inside this process.
 
     Use as a context manager or call :meth:`start` / :meth:`close`. Thread-safe: several
     threads may stream at once (that is what the parallel slots are for).
     """
+
+    #: streams token ids and continues from them (``chat(token_ids=, continue_ids=)``)
+    exact_resume = True
 
     def __init__(
         self,
@@ -144,6 +155,7 @@ class LlamaServer:
         cache_ram_mib: int = 256,
         request_timeout_s: float = 600.0,
         verbosity: int = 0,
+        n_ubatch: int | None = EXACT_UBATCH,
     ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
@@ -158,6 +170,8 @@ class LlamaServer:
         threads: the cores this process may use.
         draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
         step (speculative decoding; greedy output is unchanged, acceptance in the timings).
+        n_ubatch: the micro-batch llama.cpp evaluates at once (None: its own, 512). The default,
+        ``EXACT_UBATCH``, keeps every evaluation bit-identical to one token at a time (below).
         after_tool_result: ``answer`` (default) because small models shown the tool catalog again
         after a result repeat the call they just made: Qwen2.5-Coder-0.5B did so on 4 of 4
         round trips with its own template (and, held to prose, wrote about the call instead),
@@ -179,6 +193,7 @@ class LlamaServer:
         self.cache_ram_mib = cache_ram_mib
         self.request_timeout_s = request_timeout_s
         self.verbosity = verbosity
+        self.n_ubatch = n_ubatch
         self._server: Any = None
         self._http: Any = None
         self._watcher = CancelWatcher()
@@ -238,6 +253,17 @@ class LlamaServer:
             p.cache_prompt = False
         else:
             p.kv_unified = True
+            # Batch-exact evaluation: speculative verification and a resume's prefill are batches
+            # standing in for single decoding steps, and a greedy run keeps its text only if they
+            # round exactly as those steps did. Measured on this CPU build (SmolLM2 and Qwen2.5 at
+            # Q4_1): with flash attention, micro-batches of up to 63 tokens give logits bit-identical
+            # to one token at a time however the sequence is split; from 64 tokens on, or without
+            # flash attention (35 of 42 rows differ), they do not. Hence flash attention always and
+            # micro-batches of EXACT_UBATCH (prefill at about 0.8x of 512-token micro-batches; see
+            # bench_llama). K-quant weights stay inexact in any batch: see models.BATCH_EXACT_TYPES.
+            p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if self.n_ubatch:
+                p.n_ubatch = self.n_ubatch
             if self._n_ctx_req:
                 p.n_ctx = self._n_ctx_req
             gguf_template = read_gguf_chat_template(self.model_path)
@@ -392,6 +418,8 @@ class LlamaServer:
         cancel: CancelCheck | None = None,
         constraint: Constraint | None = None,
         enable_thinking: bool | None = None,
+        token_ids: bool = False,
+        continue_ids: Sequence[int] = (),
     ) -> Iterator[Event]:
         """Stream one chat completion as TextDelta / ReasoningDelta / ToolCallDelta events and a Finish.
 
@@ -399,6 +427,13 @@ class LlamaServer:
         :mod:`.constraints`; a JSON format drops the tools); ``enable_thinking`` reaches the chat
         template. Raises ContextLengthExceeded / BackendError (before or during the stream). When
         ``cancel()`` returns True the stream is closed and the iterator ends without a Finish.
+
+        ``token_ids`` puts each text delta's token ids on it (plain answers; a tool or reasoning
+        stream has none), read from llama.cpp's logprobs: about 3% of decode speed, so only asked
+        for when a resume may need them. ``continue_ids`` (a resume) are the ids of the output
+        already streamed, which the trailing assistant message spells as text: the answer goes on
+        from the prompt's tokens plus those ids, exactly the state the interrupted run had, instead
+        of from a re-tokenized prefill (see :meth:`_continuation_prompt`).
         """
         if self.embedding:
             raise BackendError("this server is in embedding mode")
@@ -408,9 +443,19 @@ class LlamaServer:
         body: dict[str, Any] = {k: v for k, v in (sampling or {}).items() if k in SAMPLING_KEYS and v is not None}
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-        if logprobs:
+        want_ids = token_ids and not tools
+        if logprobs or want_ids:
             body["logprobs"] = True
             body["top_logprobs"] = max(1, top_logprobs)  # llama.cpp needs >= 1 to send any
+        continued = None
+        if continue_ids and not tools and constraint.response_format is None:
+            continued = self._continuation_prompt(messages, continue_ids, enable_thinking)
+        if continued is not None:
+            body["prompt"] = continued
+            if "logprobs" in body:
+                body["logprobs"] = max(1, top_logprobs)
+                body.pop("top_logprobs", None)
+            return self._stream("/v1/completions", body, None, logprobs, top_logprobs > 0, cancel, None, want_ids)
         tool_names = [t.get("function", t).get("name") for t in tools] if tools else None
         forced = constraint.forced_name
         started_inside = False
@@ -448,7 +493,31 @@ class LlamaServer:
         except ValueError as exc:
             raise BackendError(str(exc), 400) from exc
         parser = ToolCallStreamParser(tool_names) if tools else None
-        return self._stream(path, body, parser, logprobs, top_logprobs > 0, cancel, ThinkSplitter(started_inside))
+        thinker = ThinkSplitter(started_inside)
+        return self._stream(path, body, parser, logprobs, top_logprobs > 0, cancel, thinker, want_ids)
+
+    def _continuation_prompt(
+        self, messages: list[dict[str, Any]], ids: Sequence[int], enable_thinking: bool | None
+    ) -> list[int] | None:
+        """The prompt, as token ids, that continues a resumed answer exactly; None: use the text.
+
+        The conversation is rendered as llama.cpp renders a trailing assistant message (the answer
+        so far, not closed); that text minus the streamed text is the original prompt, whose
+        tokens plus the streamed ids are the interrupted run's own sequence. With flash attention
+        the server's batched evaluation of them rounds exactly as one token at a time did (see
+        ``_params``), so a greedy answer goes on as if never cut. Re-tokenizing the text instead
+        can split it differently (a model does not always emit the canonical split) and then drift.
+        Falls back (None) whenever the ids do not spell the message's end, e.g. after reasoning.
+        """
+        if not messages or messages[-1].get("role") != "assistant":
+            return None
+        streamed = self._post("/detokenize", {"tokens": list(ids)}).get("content")
+        rendered = self.apply_template(messages, None, enable_thinking)
+        if not isinstance(streamed, str) or not streamed or not rendered.endswith(streamed):
+            log.warning("continuing from text: the %d streamed ids do not spell the message's end", len(ids))
+            return None
+        head = rendered[: len(rendered) - len(streamed)]
+        return self.tokenize(head, add_special=True) + list(ids)
 
     def _stream(
         self,
@@ -459,6 +528,7 @@ class LlamaServer:
         keep_top: bool,
         cancel: CancelCheck | None,
         thinker: ThinkSplitter | None = None,
+        want_ids: bool = False,
     ) -> Iterator[Event]:
         self._client()  # raises if the server is not running
         finish_reason: str | None = None
@@ -529,14 +599,19 @@ class LlamaServer:
                     delta = choice.get("delta") or {}
                     if text is None:
                         text = delta.get("content")
-                    lps = _logprobs_from(choice, keep_top) if want_logprobs else None
+                    lps = _logprobs_from(choice, keep_top) if want_logprobs or want_ids else None
+                    ids = tuple(lp.id for lp in lps or () if lp.id is not None) if want_ids else ()
+                    if not want_logprobs:
+                        lps = None
                     if delta.get("reasoning_content"):
+                        ids = ()  # reasoning took tokens the text does not spell: no exact resume
                         yield ReasoningDelta(delta["reasoning_content"])
                     if text and thinker is not None:
                         pieces = thinker.feed(text)
                         text = "".join(t for r, t in pieces if not r)
                         for r, t in pieces:
                             if r:
+                                ids = ()
                                 yield ReasoningDelta(t)
                     for tc in delta.get("tool_calls") or ():
                         slot = native_calls.setdefault(int(tc.get("index", 0)), {"id": "", "name": "", "arguments": ""})
@@ -544,13 +619,13 @@ class LlamaServer:
                         slot["id"] = tc.get("id") or slot["id"]
                         slot["name"] += fn.get("name") or ""
                         slot["arguments"] += fn.get("arguments") or ""
-                    if text:
-                        if parser is None:
-                            yield TextDelta(text, lps)
-                        else:
-                            if lps:
-                                pending_lp.extend(lps)
-                            yield from emit(parser.feed(text))
+                    if parser is None:
+                        if text or ids:  # a token whose UTF-8 is not complete yet: ids, no text
+                            yield TextDelta(text or "", lps, ids)
+                    elif text:
+                        if lps:
+                            pending_lp.extend(lps)
+                        yield from emit(parser.feed(text))
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]
         finally:
