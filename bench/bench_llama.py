@@ -10,7 +10,10 @@
 * Time to first token at 4 streams against 1 (median over the streams, through the node).
 * Constrained vs plain: one stream with a ``json_schema`` response format vs none (decode tok/s).
 * Speculative vs plain (engine alone): Qwen2.5-Coder-1.5B greedy, with and without the 0.5B as
-  draft; decode tok/s ratio and the acceptance rate (skipped with --no-spec or if not provisioned).
+  draft, as shipped (Q4_K_M) and requantized batch-exact (Q4_1); decode tok/s ratio, the
+  acceptance rate and whether the greedy text is identical (skipped with --no-spec or if not
+  provisioned).
+* Prefill with batch-exact 32-token micro-batches against llama.cpp's default 512 (engine alone).
 * --burst: 32 streams of 256 tokens through the node (all must finish; the heavy version of
   tests/serving/test_llama_burst.py).
 
@@ -111,28 +114,53 @@ def best(results: list[dict[str, float]], key: str) -> float:
 
 
 def speculative(models_dir: Path, max_tokens: int) -> dict[str, Any] | None:
-    from skulk_engine_llamacpp.events import Finish
-    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15
+    """Speculative vs plain greedy decode of the Qwen pair, as shipped (Q4_K_M) and batch-exact (Q4_1)."""
+    from skulk_engine_llamacpp.events import Finish, TextDelta
+    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05, provision_qwen15, requantize
     from skulk_engine_llamacpp.server_backend import LlamaServer
 
     try:
-        target, draft = provision_qwen15(models_dir), provision_qwen05(models_dir)
+        shipped = provision_qwen15(models_dir), provision_qwen05(models_dir)
+        exact = requantize(shipped[0]), requantize(shipped[1])
     except ProvisionError as exc:
         print(f"speculative skipped: {exc}", flush=True)
         return None
     ask = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+    report: dict[str, Any] = {}
+    for quant, (target, draft) in (("q4_k_m", shipped), ("q4_1", exact)):
+        out: dict[str, Any] = {}
+        for name, d in (("plain", None), ("speculative", draft)):
+            # one core each: 2-thread batches collapse on a busy 2-core box
+            one_core: dict[str, Any] = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1}
+            with LlamaServer(target, n_ctx=2048, draft_model_path=d, draft_max=4, **one_core) as srv:
+                events = list(srv.chat(ask, sampling={"max_tokens": max_tokens, "temperature": 0}))
+                fin = events[-1]
+                assert isinstance(fin, Finish)
+                text = "".join(e.text for e in events if isinstance(e, TextDelta))
+                out[name] = {"decode_tps": fin.timings.get("predicted_per_second"), "text": text}
+                out[name].update(srv.speculative_stats())
+        drafted = out["speculative"]["drafted"]
+        out["acceptance"] = out["speculative"]["accepted"] / drafted if drafted else None
+        out["ratio"] = out["speculative"]["decode_tps"] / out["plain"]["decode_tps"]
+        out["identical_text"] = out["speculative"].pop("text") == out["plain"].pop("text")
+        report[quant] = out
+    return report
+
+
+def micro_batches(model: Path) -> dict[str, Any]:
+    """Prefill speed with batch-exact 32-token micro-batches against llama.cpp's 512 (engine alone)."""
+    from skulk_engine_llamacpp.events import Finish
+    from skulk_engine_llamacpp.server_backend import LlamaServer
+
     out: dict[str, Any] = {}
-    for name, d in (("plain", None), ("speculative", draft)):
-        # one core each: 2-thread batches collapse on a busy 2-core box
-        one_core: dict[str, Any] = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1}
-        with LlamaServer(target, n_ctx=2048, draft_model_path=d, draft_max=4, **one_core) as srv:
-            fin = [e for e in srv.chat(ask, sampling={"max_tokens": max_tokens, "temperature": 0})][-1]
+    for ub in (512, 32, 512, 32):  # alternated: the box's load drifts
+        with LlamaServer(model, n_parallel=1, n_threads=1, n_ctx=4096, n_ubatch=ub) as srv:
+            prompt = f"Summarize this ({ub}, {time.time()}): " + "The quick brown fox jumps over the lazy dog. " * 120
+            fin = list(srv.chat([{"role": "user", "content": prompt}], sampling={"max_tokens": 1}))[-1]
             assert isinstance(fin, Finish)
-            out[name] = {"decode_tps": fin.timings.get("predicted_per_second"), **srv.speculative_stats()}
-    drafted = out["speculative"]["drafted"]
-    out["acceptance"] = out["speculative"]["accepted"] / drafted if drafted else None
-    out["ratio"] = out["speculative"]["decode_tps"] / out["plain"]["decode_tps"]
-    return out
+            out.setdefault(f"prefill_tps_ubatch{ub}", []).append(float(fin.timings.get("prompt_per_second") or 0))
+    med = {k: statistics.median(v) for k, v in out.items()}
+    return {**med, "ratio_32_vs_512": med["prefill_tps_ubatch32"] / med["prefill_tps_ubatch512"]}
 
 
 def main() -> None:
@@ -216,6 +244,8 @@ def main() -> None:
             save()
     finally:
         node.stop()
+    report["micro_batches"] = micro_batches(gguf)
+    print("micro-batches", report["micro_batches"], flush=True)
     if not args.no_spec:
         report["speculative"] = speculative(models_dir, args.max_tokens)
         print("speculative", report["speculative"], flush=True)

@@ -39,6 +39,38 @@ def test_a_client_prefill_is_extended_and_a_raw_prompt_continues_raw() -> None:
     assert raw is not None and raw.raw_prompt == "<s>story: a fox" and raw.messages == params().messages
 
 
+def chunk(seq: int, text: str, ids: tuple[int, ...] = (), reasoning: bool = False) -> TokenChunk:
+    return TokenChunk(command_id=CommandId("c"), seq=seq, text=text, token_ids=ids, reasoning=reasoning)
+
+
+def test_streamed_token_ids_ride_along_and_count_the_budget() -> None:
+    p = Progress()
+    for i, (text, ids) in enumerate([("Once", (11,)), ("", (12,)), (" upón", (13, 14))]):  # a split UTF-8 token
+        p.add(chunk(i, text, ids))
+    again = continued_params(params(), p)
+    assert again is not None and again.continue_from == (11, 12, 13, 14)
+    assert again.messages[-1].content == "Once upón" and again.sampling.max_tokens == 196
+    p.add(chunk(3, " a", (15,)))  # a second resume covers both attempts
+    twice = continued_params(params(), p)
+    assert twice is not None and twice.continue_from == (11, 12, 13, 14, 15)
+
+
+def test_one_chunk_without_ids_drops_them_for_good() -> None:
+    p = Progress()
+    p.add(chunk(0, "Once", (11,)))
+    p.add(chunk(1, "think", reasoning=True))  # reasoning carries no ids: the text no longer spells them
+    p.add(chunk(2, " upon", (12,)))
+    again = continued_params(params(), p)
+    assert again is not None and again.continue_from == () and p.ids is None
+    assert continued_params(params(raw="story:"), progress_with_ids()).continue_from == ()  # type: ignore[union-attr]
+
+
+def progress_with_ids() -> Progress:
+    p = Progress()
+    p.add(chunk(0, " a fox", (5, 6)))
+    return p
+
+
 def test_an_exhausted_budget_is_not_resumed() -> None:
     assert continued_params(params(max_tokens=2), progress("a", "b")) is None
 

@@ -117,8 +117,9 @@ def continued_params(params: TextGenerationParams, progress: Progress) -> TextGe
         sampling = sampling.model_copy(update={"max_tokens": left})
     text, reasoning = "".join(progress.text), "".join(progress.reasoning)
     update: dict[str, Any] = {"sampling": sampling}
-    if progress.ids and params.raw_prompt is None and not reasoning:
-        update["continue_from"] = tuple(params.continue_from) + tuple(progress.ids)
+    # `params` is the client's request and `progress` spans every attempt: the ids are all of them
+    exact = bool(progress.ids) and params.raw_prompt is None and not reasoning
+    update["continue_from"] = tuple(progress.ids or ()) if exact else ()
     if params.raw_prompt is not None:  # a raw prompt continues as raw text
         update["raw_prompt"] = params.raw_prompt + text
     elif text or reasoning:

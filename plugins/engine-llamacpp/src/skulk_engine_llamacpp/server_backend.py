@@ -294,6 +294,8 @@ class LlamaServer:
         with self._lock:
             if self._server is not None:
                 return self
+            if self.draft_model_path is not None and not self.embedding:
+                _warn_if_inexact(self.model_path)
             try:
                 self._server = xlc.Server(self._params())
             except Exception as exc:  # xllamacpp raises RuntimeError on load failure
@@ -661,6 +663,23 @@ class LlamaServer:
             int(usage.get("prompt_tokens") or timings.get("prompt_n") or 0),
             int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
             timings,
+        )
+
+
+def _warn_if_inexact(model_path: Path) -> None:
+    """Speculative greedy text equals plain decoding only with batch-exact weights: say so once."""
+    from .models import BATCH_EXACT_TYPES, weight_types
+
+    try:
+        inexact = weight_types(model_path) - BATCH_EXACT_TYPES
+    except Exception:  # an unreadable header fails the load itself, with a better message
+        return
+    if inexact:
+        log.warning(
+            "%s has %s weights, whose batched CPU kernels round differently from single tokens: "
+            "speculative greedy text may part from plain decoding at near-ties (a Q4_1 or Q8_0 file keeps it exact)",
+            model_path.name,
+            "/".join(sorted(inexact)),
         )
 
 
