@@ -100,7 +100,8 @@ def streamed(fabric: Fabric, api: str, kill_after: int | None) -> tuple[str, lis
 
 def diverged(text: str, baseline: str) -> str:
     """Where two answers part, for a failure message."""
-    at = next((i for i, (a, b) in enumerate(zip(text, baseline, strict=False)) if a != b), min(len(text), len(baseline)))
+    parts = (i for i, (a, b) in enumerate(zip(text, baseline, strict=False)) if a != b)
+    at = next(parts, min(len(text), len(baseline)))
     return f"char {at}: {text[max(0, at - 30) : at + 30]!r} vs {baseline[max(0, at - 30) : at + 30]!r}"
 
 
