@@ -9,7 +9,7 @@ Real node processes (an API node that is the master, SmolLM2 replicas on worker 
   the longest pause the client sees around the kill (p50/p99 over `--kills`). Its baseline, in the
   same run, is the cold time to first token of the same continuation prompt (prompt + the
   streamed prefix) on an instance that never saw it: the prefill a resume cannot avoid. The ratio
-  is what the failover itself adds.
+  is what the failover itself adds. Also: how many resumed answers equal the uninterrupted one.
 * aggregate decode tokens/s of 8 concurrent streams with two replicas against one.
 * prompt-cache hit rate of multi-turn conversations run concurrently (turns routed to the
   instance that served their earlier turns, from the API node's router), with prefix affinity on
@@ -50,10 +50,13 @@ def first_token_s(fabric: Fabric, messages: list[dict[str, str]], max_tokens: in
 
 
 def resume_gaps(fabric: Fabric, kills: int) -> dict[str, Any]:
-    gaps, colds = [], []
+    gaps, colds, identical = [], [], 0
+    fabric.replicas(2)
+    uninterrupted, *_ = streamed(fabric, "chat", None)
     for _ in range(kills):
         fabric.replicas(2)
         text, times, killed, _ = streamed(fabric, "chat", KILL_AFTER)
+        identical += text == uninterrupted
         assert killed is not None
         gaps.append(gap_after(times, killed))
         prefix = text[: fabric.resumes()["lastPrefixChars"]]
@@ -68,6 +71,7 @@ def resume_gaps(fabric: Fabric, kills: int) -> dict[str, Any]:
         "gap_p99_s": round(q[98], 3),
         "cold_prefill_ttft_p50_s": round(statistics.median(colds), 3),
         "gap_over_cold_prefill": round(statistics.median(gaps) / statistics.median(colds), 2),
+        "identical_to_uninterrupted": f"{identical}/{kills}",
     }
 
 

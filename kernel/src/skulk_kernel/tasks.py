@@ -71,6 +71,9 @@ class SamplingParams(WireModel):
     frequency_penalty: float | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     stop: tuple[str, ...] = ()
+    max_tokens_is_ceiling: bool = Field(
+        default=False, description="lower max_tokens to what the context leaves instead of refusing (Anthropic, Ollama)"
+    )
 
 
 class TextGenerationParams(WireModel):

@@ -193,7 +193,11 @@ def test_malformed_requests_raise_response_error(client: ollama.Client, node: No
         r = node.post("/api/chat", content=content, headers={"content-type": "application/json"})
         assert r.status_code == 400 and isinstance(r.json()["error"], str)
         assert r.headers["x-should-retry"] == "false"
-    r = node.post("/api/chat", json={"model": ECHO, "messages": user("x"), "options": {"num_predict": 5000}})
+    r = node.post(
+        "/api/chat", json={"model": ECHO, "messages": user("x"), "options": {"num_predict": 5000}, "stream": False}
+    )
+    assert r.status_code == 200 and r.json()["done"], r.text  # like Ollama: it stops at the context's end
+    r = node.post("/api/chat", json={"model": ECHO, "messages": user("x " * 5000), "stream": False})
     assert r.status_code == 400 and "context_length_exceeded" in r.json()["error"]
 
 

@@ -285,6 +285,7 @@ def parse_messages_request(data: dict[str, Any], *, require_max_tokens: bool = T
                 top_p=req.top_p,
                 top_k=req.top_k if req.top_k else None,
                 max_tokens=req.max_tokens,
+                max_tokens_is_ceiling=True,  # SDKs fill in a fixed value (the AI SDK: 4096)
             ),
             enable_thinking=_thinking(req.thinking),
         )

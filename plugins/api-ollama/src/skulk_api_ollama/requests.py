@@ -128,6 +128,7 @@ def sampling(data: dict[str, Any]) -> SamplingParams:
             frequency_penalty=_number(options, "frequency_penalty"),
             max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
             stop=tuple(s for s in stops if s),
+            max_tokens_is_ceiling=True,  # Ollama stops at the context's end rather than refuse
         )
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]

@@ -259,7 +259,7 @@ class LlamaServer:
             # Q4_1): with flash attention, micro-batches of up to 63 tokens give logits bit-identical
             # to one token at a time however the sequence is split; from 64 tokens on, or without
             # flash attention (35 of 42 rows differ), they do not. Hence flash attention always and
-            # micro-batches of EXACT_UBATCH (prefill at about 0.8x of 512-token micro-batches; see
+            # micro-batches of EXACT_UBATCH (prefill at 0.72x of 512-token micro-batches here; see
             # bench_llama). K-quant weights stay inexact in any batch: see models.BATCH_EXACT_TYPES.
             p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if self.n_ubatch:

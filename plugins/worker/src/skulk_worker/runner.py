@@ -130,6 +130,11 @@ class _Serving:
         params = task.params
         prompt = self.session.count_tokens(params)
         wanted = params.sampling.max_tokens or 0
+        if params.sampling.max_tokens_is_ceiling and prompt < self.context_limit < prompt + wanted:
+            # the client's max_tokens is an upper bound its SDK fills in (Anthropic's must be set):
+            # answer within the context, ending with max_tokens / length, rather than refuse
+            wanted = self.context_limit - prompt
+            params = params.model_copy(update={"sampling": params.sampling.model_copy(update={"max_tokens": wanted})})
         if prompt + wanted > self.context_limit or prompt >= self.context_limit:
             self.outq.put(
                 (
