@@ -296,7 +296,7 @@ class LlamaServerEngine(_LlamaEngine):
     splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> LlamaSession:
-        from .server_backend import EXACT_UBATCH, LlamaServer
+        from .server_backend import LlamaServer
 
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
@@ -313,7 +313,7 @@ class LlamaServerEngine(_LlamaEngine):
             draft_model_path=(opts.get("draft_models") or {}).get(spec.card.model_id) or opts.get("draft_model_path"),
             draft_max=int(opts.get("draft_max", 8)),
             after_tool_result=opts.get("after_tool_result", "answer"),
-            n_ubatch=int(opts["n_ubatch"]) if opts.get("n_ubatch") else EXACT_UBATCH,
+            n_ubatch=int(opts["n_ubatch"]) if opts.get("n_ubatch") else None,
         )
         progress(0, spec.card.n_layers)
         server.start()

@@ -155,7 +155,7 @@ class LlamaServer:
         cache_ram_mib: int = 256,
         request_timeout_s: float = 600.0,
         verbosity: int = 0,
-        n_ubatch: int | None = EXACT_UBATCH,
+        n_ubatch: int | None = None,
     ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
@@ -170,8 +170,9 @@ class LlamaServer:
         threads: the cores this process may use.
         draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
         step (speculative decoding; greedy output is unchanged, acceptance in the timings).
-        n_ubatch: the micro-batch llama.cpp evaluates at once (None: its own, 512). The default,
-        ``EXACT_UBATCH``, keeps every evaluation bit-identical to one token at a time (below).
+        n_ubatch: the micro-batch llama.cpp evaluates at once. Default: ``EXACT_UBATCH`` on a CPU-only
+        build, which keeps every evaluation bit-identical to one token at a time (see ``_params``;
+        measured on CPU only), else llama.cpp's own (512: a GPU prefills far wider batches).
         after_tool_result: ``answer`` (default) because small models shown the tool catalog again
         after a result repeat the call they just made: Qwen2.5-Coder-0.5B did so on 4 of 4
         round trips with its own template (and, held to prose, wrote about the call instead),
@@ -262,8 +263,9 @@ class LlamaServer:
             # micro-batches of EXACT_UBATCH (prefill at 0.72x of 512-token micro-batches here; see
             # bench_llama). K-quant weights stay inexact in any batch: see models.BATCH_EXACT_TYPES.
             p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if self.n_ubatch:
-                p.n_ubatch = self.n_ubatch
+            ubatch = self.n_ubatch or (EXACT_UBATCH if _cpu_only(xlc) else None)
+            if ubatch:
+                p.n_ubatch = ubatch
             if self._n_ctx_req:
                 p.n_ctx = self._n_ctx_req
             gguf_template = read_gguf_chat_template(self.model_path)
@@ -664,6 +666,15 @@ class LlamaServer:
             int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
             timings,
         )
+
+
+def _cpu_only(xlc: Any) -> bool:
+    """Whether this llama.cpp build has no accelerator (the batch-exact settings are measured on CPU)."""
+    cpu = xlc.ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_CPU
+    try:
+        return all(d.get("type") == cpu for d in xlc.get_device_info())
+    except Exception:
+        return True
 
 
 def _warn_if_inexact(model_path: Path) -> None:
