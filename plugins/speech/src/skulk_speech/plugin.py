@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
+from skulk_api_control.uploads import close_receiver, forward_event, shared_receiver
 from skulk_kernel import hookimpl
 from skulk_kernel.api import IndexedEvent, ModelCard, NodeSurface, State
 
 from .config import PLUGIN, SpeechConfig
+from .uploads import AUDIO
 
 
 def _config(node: NodeSurface | None) -> SpeechConfig:
@@ -67,29 +69,15 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 
 @hookimpl
 def startup(node: NodeSurface) -> None:
-    from .uploads import UploadReceiver
-
     config = _config(node)
-    node.extensions[PLUGIN] = UploadReceiver(node, config.max_upload_bytes, config.upload_timeout_s)
+    shared_receiver(AUDIO, node, config.max_upload_bytes, config.upload_timeout_s)
 
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
-    receiver = node.extensions.get(PLUGIN)
-    if receiver is None:
-        return
-    kind = type(event.event).__name__
-    if kind == "TaskCreated":
-        receiver.on_task_created(event.event.task)  # type: ignore[union-attr]
-    elif kind == "TaskDeleted":
-        receiver.on_task_deleted(event.event.task_id)  # type: ignore[union-attr]
-    elif kind == "InstanceDeleted":
-        receiver.on_instance_deleted(event.event.instance_id)  # type: ignore[union-attr]
+    forward_event(AUDIO, node, event.event)
 
 
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
-    receiver = node.extensions.pop(PLUGIN, None)
-    if receiver is not None:
-        for task in list(receiver.receiving.values()):
-            task.cancel()
+    close_receiver(AUDIO, node)
