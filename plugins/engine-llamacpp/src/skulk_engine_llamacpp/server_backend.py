@@ -169,7 +169,8 @@ class LlamaServer:
         box (two threads can collapse there), queued streams use every core. Default batch
         threads: the cores this process may use.
         draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
-        step (speculative decoding; greedy output is unchanged, acceptance in the timings).
+        step (speculative decoding; acceptance in the timings; greedy output is plain decoding's
+        with batch-exact weights, ``models.BATCH_EXACT_TYPES``, else it may part at a near-tie).
         n_ubatch: the micro-batch llama.cpp evaluates at once. Default: ``EXACT_UBATCH`` on a CPU-only
         build, which keeps every evaluation bit-identical to one token at a time (see ``_params``;
         measured on CPU only), else llama.cpp's own (512: a GPU prefills far wider batches).
