@@ -133,19 +133,24 @@ SCHEMA = {
 def test_json_schema_through_each_api(llama_node: Any) -> None:
     oa = openai.OpenAI(base_url=llama_node.url + "/v1", api_key="x", max_retries=0, timeout=180)
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "animal", "schema": SCHEMA, "strict": True}}
-    r = oa.chat.completions.create(model=MODEL, messages=ASK, response_format=fmt, max_tokens=100)
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, response_format=fmt, max_tokens=100, temperature=0)
     jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
     text: Any = {"format": {"type": "json_schema", "name": "animal", "schema": SCHEMA}}
-    jsonschema.validate(json.loads(oa.responses.create(model=MODEL, input="A cat.", text=text).output_text), SCHEMA)
+    answer = oa.responses.create(model=MODEL, input="A cat.", text=text, temperature=0, max_output_tokens=200)
+    jsonschema.validate(json.loads(answer.output_text), SCHEMA)
     an = anthropic.Anthropic(base_url=llama_node.url, api_key="x", max_retries=0, timeout=180)
     m = an.messages.create(
         model=MODEL,
         max_tokens=100,
         messages=ASK,
-        extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}},
+        extra_body={"output_format": {"type": "json_schema", "schema": SCHEMA}, "temperature": 0},
     )  # type: ignore[arg-type]
     jsonschema.validate(json.loads(m.content[0].text), SCHEMA)  # type: ignore[union-attr]
-    g = ollama.Client(host=llama_node.url, timeout=180).generate(model=MODEL, prompt="A cat.", format=SCHEMA)
+    # Greedy and bounded: Ollama samples at 0.8 by default, and "any JSON object" lets a small model
+    # write one endless key string (seen: 4096 tokens, a client timeout on a loaded box)
+    client = ollama.Client(host=llama_node.url, timeout=180)
+    greedy = {"temperature": 0, "num_predict": 200}
+    g = client.generate(model=MODEL, prompt="A cat.", format=SCHEMA, options=greedy)
     jsonschema.validate(json.loads(g.response), SCHEMA)
-    j = ollama.Client(host=llama_node.url, timeout=180).generate(model=MODEL, prompt="A cat.", format="json")
+    j = client.generate(model=MODEL, prompt="A cat.", format="json", options=greedy)
     assert isinstance(json.loads(j.response), dict)
