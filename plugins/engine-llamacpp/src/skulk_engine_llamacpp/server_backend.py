@@ -457,9 +457,7 @@ class LlamaServer:
             continued = self._continuation_prompt(messages, continue_ids, enable_thinking)
         if continued is not None:
             body["prompt"] = continued
-            if "logprobs" in body:
-                body["logprobs"] = max(1, top_logprobs)
-                body.pop("top_logprobs", None)
+            _as_completion_logprobs(body)
             return self._stream("/v1/completions", body, None, logprobs, top_logprobs > 0, cancel, None, want_ids)
         tool_names = [t.get("function", t).get("name") for t in tools] if tools else None
         forced = constraint.forced_name
@@ -477,9 +475,7 @@ class LlamaServer:
             if tools and (self.tool_mode == "prompt" or constraint.forces_call or answer_turn):
                 body["prompt"] = self.apply_template(messages, None if answer_turn else tools, enable_thinking)
                 started_inside = body["prompt"].rstrip().endswith(THINK_OPEN)
-                if logprobs:
-                    body["logprobs"] = max(1, top_logprobs)
-                    body.pop("top_logprobs", None)
+                _as_completion_logprobs(body)
                 body["stop"] = [*list(body.get("stop") or []), STOP_MARKERS[0]]
                 if constraint.forces_call:
                     body["grammar"] = lark_call(call_schema(tools, forced))
@@ -667,6 +663,12 @@ class LlamaServer:
             int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
             timings,
         )
+
+
+def _as_completion_logprobs(body: dict[str, Any]) -> None:
+    """/v1/completions takes logprobs as a candidate count, not chat's flag plus top_logprobs."""
+    if body.get("logprobs"):
+        body["logprobs"] = max(1, int(body.pop("top_logprobs", 1)))
 
 
 def _cpu_only(xlc: Any) -> bool:
