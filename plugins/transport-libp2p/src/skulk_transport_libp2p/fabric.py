@@ -401,7 +401,8 @@ class Fabric:
                 await _reset(stream)
 
     async def _maintain(self) -> None:
-        """Open links to newly connected peers; drop peers whose lease ran out; skip reorder gaps."""
+        """Open links to newly connected peers; drop peers whose lease ran out; reopen pubsub streams
+        left on closed connections; skip reorder gaps."""
         period = min(0.1, self.cfg.beat_s / 2)
         while True:
             await trio.sleep(period)
@@ -421,6 +422,8 @@ class Fabric:
                     )
                     link.scope.cancel()
                     self.nursery.start_soon(self._hang_up, peer)
+            for peer in tuning.reopen_stale_streams(self.pubsub):
+                log.info("the pubsub stream to %s was on a closed connection: reopened", peer)
             self.reorder.tick()
 
     async def _hang_up(self, peer: Any) -> None:

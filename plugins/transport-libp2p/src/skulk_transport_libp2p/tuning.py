@@ -87,3 +87,24 @@ def queue_fill(pubsub: Any, queue_depth: int) -> float:
     queues = getattr(pubsub, "peer_queues", {})
     deepest = max((len(q) for q in list(queues.values())), default=0)
     return deepest / queue_depth
+
+
+def reopen_stale_streams(pubsub: Any) -> list[Any]:
+    """Forget pubsub streams that ride a closed connection; returns the peers whose were.
+
+    py-libp2p keeps one pubsub stream per peer and opens a new one only for a peer it holds none
+    for. When a connection closes while another to the same peer is already up (a frozen peer
+    thaws to its old connection hung up and a redial already through), the library sees the live
+    connection, keeps the dead stream, and skips the new connection's registration: that peer
+    never learns this node's subscriptions again and every publish to it goes nowhere, for good.
+    Forgetting the dead stream makes the library open a fresh one on the live connection (with the
+    subscription hello), or clean up when none is left.
+    """
+    stale = [
+        peer
+        for peer, stream in list(getattr(pubsub, "peers", {}).items())
+        if getattr(getattr(stream, "muxed_conn", None), "is_closed", False)
+    ]
+    for peer in stale:
+        pubsub._handle_dead_peer(peer)
+    return stale
