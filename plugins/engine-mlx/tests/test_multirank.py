@@ -53,7 +53,7 @@ def smollm2_single(smollm2_mlx: Path) -> RankReport:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the single-rank fixture runs inside the first test
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2])  # 3 pipeline ranks: tests/split (real nodes; the same ranks, 150 s of CI)
 def test_smollm2_pipeline_equals_single_rank(smollm2_mlx: Path, smollm2_single: RankReport, world: int) -> None:
     reports = run_ranks(smollm2_mlx, SMOLLM2_CARD, world, timeout_s=360)
     whole = smollm2_single.param_bytes
