@@ -98,13 +98,21 @@ def reopen_stale_streams(pubsub: Any) -> list[Any]:
     connection, keeps the dead stream, and skips the new connection's registration: that peer
     never learns this node's subscriptions again and every publish to it goes nowhere, for good.
     Forgetting the dead stream makes the library open a fresh one on the live connection (with the
-    subscription hello), or clean up when none is left.
+    subscription hello), or clean up when none is left. Forgetting also drops the peer's
+    subscriptions, which may have just come in on the live connection and will not be sent again:
+    a peer still connected keeps them (they are the peer's, not the stream's).
     """
+    from libp2p.pubsub.pb import rpc_pb2
+
     stale = [
         peer
         for peer, stream in list(getattr(pubsub, "peers", {}).items())
         if getattr(getattr(stream, "muxed_conn", None), "is_closed", False)
     ]
     for peer in stale:
+        topics = [topic for topic, peers in pubsub.peer_topics.items() if peer in peers]
         pubsub._handle_dead_peer(peer)
+        if pubsub._peer_is_connected(peer):
+            for topic in topics:
+                pubsub.handle_subscription(peer, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
     return stale
