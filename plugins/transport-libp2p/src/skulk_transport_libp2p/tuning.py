@@ -102,13 +102,15 @@ def reopen_stale_streams(pubsub: Any) -> list[Any]:
     subscriptions, which may have just come in on the live connection and will not be sent again:
     a peer still connected keeps them (they are the peer's, not the stream's).
     """
-    from libp2p.pubsub.pb import rpc_pb2
-
     stale = [
         peer
         for peer, stream in list(getattr(pubsub, "peers", {}).items())
         if getattr(getattr(stream, "muxed_conn", None), "is_closed", False)
     ]
+    if not stale:
+        return stale  # the fabric asks ten times a second: nothing more to do on the usual path
+    from libp2p.pubsub.pb import rpc_pb2
+
     for peer in stale:
         topics = [topic for topic, peers in pubsub.peer_topics.items() if peer in peers]
         pubsub._handle_dead_peer(peer)
