@@ -26,9 +26,10 @@ def models_dir() -> Path:
     return MODELS_DIR
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One cpu-llamacpp node (the README's default profile) serving the two default models."""
+    """One cpu-llamacpp node (the README's default profile) serving the two default models, started once
+    per run: the repository's conftest.py sends every module that uses it to one xdist worker."""
     pytest.importorskip("xllamacpp")
     node = start_node(
         "cpu-llamacpp",

@@ -133,8 +133,17 @@ class Cluster:
 
 @pytest.fixture(params=sorted(PROFILES, reverse=True))
 def control(request: pytest.FixtureRequest) -> str:
-    """The transport of the control plane ("zenoh", "libp2p"); select one with -k."""
+    """The transport of the control plane ("zenoh", "libp2p"); select one with -k.
+
+    Control-plane scenarios (forming, election, failover, faults, a late joiner) run on both; a test
+    of what does not depend on the control plane (the data plane, placement, diagnostics) is marked
+    `zenoh_only`: on libp2p it would prove the same thing again at twice the cost.
+    """
     return str(request.param)
+
+
+#: the test runs with the control plane on Zenoh only (overrides the `control` fixture's params)
+zenoh_only = pytest.mark.parametrize("control", ["zenoh"])
 
 
 @pytest.fixture

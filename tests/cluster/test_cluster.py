@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import instance_nodes
+from .conftest import instance_nodes, zenoh_only
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +147,10 @@ def test_host_kill_9_fails_fast_then_replaces(cluster_factory):
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "re-placed"
 
 
-def test_late_joiner_after_10k_events_reaches_the_same_state(cluster_factory):
+def test_late_joiner_after_many_events_reaches_the_same_state(cluster_factory, control):
+    # 10,000 events once (on Zenoh); the same join on libp2p after 1,000: the snapshot sync is the
+    # same code, what libp2p adds is the control plane carrying the join, not the log's length
+    events = 10_000 if control == "zenoh" else 1_000
     cluster = cluster_factory(default_models=())
     first, second = cluster.start(), cluster.start()
     cluster.wait_agreed(60)
@@ -157,12 +160,12 @@ def test_late_joiner_after_10k_events_reaches_the_same_state(cluster_factory):
             for i in range(start, start + count):
                 assert client.put("/v1/tracing", json={"enabled": i % 2 == 0}).status_code == 200
 
-        threads = [threading.Thread(target=toggles, args=(k * 2500, 2500)) for k in range(4)]
+        threads = [threading.Thread(target=toggles, args=(k * events // 4, events // 4)) for k in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(300)
-        assert cluster.diag(first)["lastEventAppliedIdx"] >= 10_000
+        assert cluster.diag(first)["lastEventAppliedIdx"] >= events
         latencies: list[float] = []
         joiner = cluster.start()
         deadline = time.monotonic() + 60
@@ -254,6 +257,7 @@ def test_restarted_node_rejoins_with_a_new_identity_and_serves(cluster_factory):
     assert json.loads(answer.text)["choices"][0]["message"]["content"] == "served by the newcomer"
 
 
+@zenoh_only
 def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_dir):
     """The real chat model: placed through A's API, running on B, answering through C's API."""
     pytest.importorskip("xllamacpp")
@@ -280,6 +284,7 @@ def test_chat_model_placed_via_a_on_b_streams_through_c(cluster_factory, models_
     assert text.strip() and reasons in (["stop"], ["length"])
 
 
+@zenoh_only
 def test_cluster_diagnostics_agree_from_every_node(cluster_factory):
     cluster = cluster_factory(default_models=("skulk/echo",))
     for _ in range(2):

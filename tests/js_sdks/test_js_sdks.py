@@ -14,11 +14,11 @@ import hashlib
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from skulk_testing.echo_node import ECHO, EMBED, echo_node
+from skulk_testing.echo_node import ECHO
+from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -64,19 +64,19 @@ def _installed() -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict]]:
+def results(shared_echo_node: NodeProcess) -> dict[str, dict]:
+    """What the JS SDKs saw of the run's shared echo node (skulk_testing): requests only."""
     node_bin = _installed()
-    with echo_node(tmp_path_factory.mktemp("js-sdks"), [ECHO, EMBED], name="js-sdks") as node:
-        proc = subprocess.run(
-            [str(node_bin), str(HERE / "run_sdks.mjs"), node.url, ECHO],
-            cwd=HERE,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        yield {r["name"]: r for r in lines}
+    proc = subprocess.run(
+        [str(node_bin), str(HERE / "run_sdks.mjs"), shared_echo_node.url, ECHO],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["name"]: r for r in lines}
 
 
 @pytest.mark.parametrize("name", CHECKS)

