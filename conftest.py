@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -43,13 +44,20 @@ DURATIONS = ROOT / "tests" / "durations.json"
 ENV_WRITE_DURATIONS = "SKULK_TEST_DURATIONS"
 SLOW_UNITS_SHOWN = 10
 
-#: session fixtures that start a node -> the unit of every module using one
-SHARED_NODES = {"llama_node": "@llama-node", "shared_echo_node": "@echo-node"}
+#: session fixtures that start a node or an engine server -> the unit of every module using one
+SHARED_NODES = {
+    "llama_node": "@llama-node",
+    "shared_echo_node": "@echo-node",
+    "chat_server": "@llama-server",  # engine-llamacpp's session servers
+    "embed_server": "@llama-server",
+    "inproc": "@llama-server",
+}
 #: modules whose every test starts its own nodes (function-scoped fixtures only)
 SPLIT_BY_TEST = ("tests/cluster/test_cluster.py",)
 #: units that load real models (path prefixes or group names)
 MODEL_SUITES = (
     "@llama-node",
+    "@llama-server",
     "plugins/engine-mlx/tests/test_multirank.py",
     "plugins/engine-vllm/tests/test_vllm_engine.py",
     "plugins/engine-vllm/tests/test_vllm_node.py",
@@ -70,7 +78,7 @@ def _shared_node_unit(path: str) -> str | None:
         text = (ROOT / path).read_text(errors="replace")
     except OSError:
         return None
-    return next((unit for fixture, unit in SHARED_NODES.items() if fixture in text), None)
+    return next((unit for fixture, unit in SHARED_NODES.items() if re.search(rf"\b{fixture}\b", text)), None)
 
 
 def unit_of(nodeid: str) -> str:
