@@ -14,9 +14,11 @@ decides comes from a test's node id and its module's file:
   worker is given a new unit only when it is nearly done, so a long unit never waits in a busy
   worker's backlog while another worker idles. Units with no record go by their test count.
 * **Real models two at a time**: units of ``MODEL_SUITES`` load real models and keep a core busy
-  each; at most ``MAX_MODEL_UNITS`` of them run at once (on a 2-core machine, one per core), the
-  other workers take the light units meanwhile. Four model suites at once starved each other here
-  (an MLX rank group missed its 120 s formation deadline).
+  each; units of ``TIMING_SUITES`` assert how fast something happens. At most ``MAX_CORE_UNITS`` of
+  either run at once (on a 2-core machine, one per core), the other workers take light units
+  meanwhile, and the timing units go first, before the model suites load the machine. Four model
+  suites at once starved each other here (an MLX rank group missed its 120 s formation deadline),
+  and a loop-stall bound or a mid-stream kill missed its moment beside two of them.
 * **Time report**: at the end, the time per folder (setup + call + teardown, summed over workers)
   and the slowest units, so a closing note can say where CI time goes.
 
@@ -69,7 +71,14 @@ MODEL_SUITES = (
     "tests/serving/test_qwen_tool_round_trip.py",
     "tests/steward/test_steward_qwen.py",
 )
-MAX_MODEL_UNITS = 2
+#: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):
+#: they hold a slot like a model suite, and go first, before the model suites load the machine
+TIMING_SUITES = (
+    "tests/resume/",
+    "plugins/transport-zenoh/tests/test_zenoh_processes.py",
+    "plugins/transport-libp2p/tests/test_libp2p_processes.py",
+)
+MAX_CORE_UNITS = 2  # model and timing units at once: one per core of the 2-core CI machine
 
 
 @functools.cache
@@ -89,8 +98,13 @@ def unit_of(nodeid: str) -> str:
     return _shared_node_unit(path) or path
 
 
-def is_model_unit(unit: str) -> bool:
-    return unit.startswith(MODEL_SUITES)
+def is_timing_unit(unit: str) -> bool:
+    return unit.startswith(TIMING_SUITES)
+
+
+def needs_a_core(unit: str) -> bool:
+    """A model or timing unit: at most MAX_CORE_UNITS of them run at once."""
+    return unit.startswith(MODEL_SUITES) or is_timing_unit(unit)
 
 
 def folder_of(nodeid: str) -> str:
@@ -128,26 +142,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             finally:
                 self._initial = False
 
-        def _model_units_running(self) -> int:
+        def _core_units_running(self) -> int:
             return sum(
                 1
                 for work in self.assigned_work.values()
                 for unit, tests in work.items()
-                if is_model_unit(unit) and not all(tests.values())
+                if needs_a_core(unit) and not all(tests.values())
             )
 
         def _assign_work_unit(self, node: Any) -> None:
             if not getattr(self, "_ordered", False):  # the queue is complete before the first unit goes
-                units = sorted(self.workqueue.items(), key=lambda kv: (-recorded.get(kv[0], float(len(kv[1]))), kv[0]))
+                units = sorted(
+                    self.workqueue.items(),
+                    key=lambda kv: (not is_timing_unit(kv[0]), -recorded.get(kv[0], float(len(kv[1]))), kv[0]),
+                )
                 self.workqueue.clear()
                 self.workqueue.update(units)
                 self._ordered = True
                 if os.environ.get("SKULK_TEST_SHOW_UNITS"):
                     for unit, tests in self.workqueue.items():
                         print(f"unit {unit}: {len(tests)} tests, {recorded.get(unit, '?')} s", file=sys.stderr)
-            if self._model_units_running() >= MAX_MODEL_UNITS:
-                light = next((u for u in self.workqueue if not is_model_unit(u)), None)
-                if light is not None:  # else a model unit goes anyway: never leave a worker with nothing
+            if self._core_units_running() >= MAX_CORE_UNITS:
+                light = next((u for u in self.workqueue if not needs_a_core(u)), None)
+                if light is not None:  # else a core unit goes anyway: never leave a worker with nothing
                     self.workqueue.move_to_end(light, last=False)
             super()._assign_work_unit(node)
 

@@ -33,7 +33,11 @@ from skulk_kernel.api import (
 GiB = 1024**3
 MiB = 1024**2
 MAX_CYCLE = 4
-RING_PORT_BASE, RING_PORT_SPAN = 41000, 16000  # ports of multi-rank groups: [base, base + span + MAX_CYCLE)
+# Ports of multi-rank groups: [base, base + span + MAX_CYCLE). Below every common ephemeral range
+# (Linux 32768-60999, macOS and Windows 49152-65535): a port the kernel hands to any outgoing
+# connection or bind(0) on the host could not be listened on, and the group would never form (seen:
+# "Address already in use", then a 120 s formation timeout, with 41000-57000 under a parallel test run).
+RING_PORT_BASE, RING_PORT_SPAN = 20000, 12000
 
 
 #: Computes whose weights live in the accelerator's own memory (Metal is unified: RAM is its pool).
