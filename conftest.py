@@ -14,11 +14,11 @@ decides comes from a test's node id and its module's file:
   worker is given a new unit only when it is nearly done, so a long unit never waits in a busy
   worker's backlog while another worker idles. Units with no record go by their test count.
 * **Real models two at a time**: units of ``MODEL_SUITES`` load real models and keep a core busy
-  each; units of ``TIMING_SUITES`` assert how fast something happens. At most ``MAX_CORE_UNITS`` of
-  either run at once (on a 2-core machine, one per core), the other workers take light units
+  each; units of ``TIMING_SUITES`` assert how fast something happens and take every core. Units
+  take ``cores_of(unit)`` of the ``CORES`` while they run; the other workers take light units
   meanwhile, and the timing units go first, before the model suites load the machine. Four model
   suites at once starved each other here (an MLX rank group missed its 120 s formation deadline),
-  and a loop-stall bound or a mid-stream kill missed its moment beside two of them.
+  and a loop-stall bound or a stop with a frozen peer missed its bound beside a model suite.
 * **Time report**: at the end, the time per folder (setup + call + teardown, summed over workers)
   and the slowest units, so a closing note can say where CI time goes.
 
@@ -72,13 +72,13 @@ MODEL_SUITES = (
     "tests/steward/test_steward_qwen.py",
 )
 #: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):
-#: they hold a slot like a model suite, and go first, before the model suites load the machine
+#: they run with no model or other timing unit beside them, first, before the model suites start
 TIMING_SUITES = (
     "tests/resume/",
     "plugins/transport-zenoh/tests/test_zenoh_processes.py",
     "plugins/transport-libp2p/tests/test_libp2p_processes.py",
 )
-MAX_CORE_UNITS = 2  # model and timing units at once: one per core of the 2-core CI machine
+CORES = 2  # the CI machine's: model units take one each, a timing unit takes all
 
 
 @functools.cache
@@ -102,9 +102,9 @@ def is_timing_unit(unit: str) -> bool:
     return unit.startswith(TIMING_SUITES)
 
 
-def needs_a_core(unit: str) -> bool:
-    """A model or timing unit: at most MAX_CORE_UNITS of them run at once."""
-    return unit.startswith(MODEL_SUITES) or is_timing_unit(unit)
+def cores_of(unit: str) -> int:
+    """Cores a unit takes while it runs: a timing unit all of them, a model unit one, others none."""
+    return CORES if is_timing_unit(unit) else 1 if unit.startswith(MODEL_SUITES) else 0
 
 
 def folder_of(nodeid: str) -> str:
@@ -142,13 +142,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             finally:
                 self._initial = False
 
-        def _core_units_running(self) -> int:
-            return sum(
-                1
-                for work in self.assigned_work.values()
-                for unit, tests in work.items()
-                if needs_a_core(unit) and not all(tests.values())
-            )
+        def _cores_taken(self) -> int:
+            work = (units.items() for units in self.assigned_work.values())
+            return sum(cores_of(unit) for items in work for unit, tests in items if not all(tests.values()))
 
         def _assign_work_unit(self, node: Any) -> None:
             if not getattr(self, "_ordered", False):  # the queue is complete before the first unit goes
@@ -162,10 +158,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 if os.environ.get("SKULK_TEST_SHOW_UNITS"):
                     for unit, tests in self.workqueue.items():
                         print(f"unit {unit}: {len(tests)} tests, {recorded.get(unit, '?')} s", file=sys.stderr)
-            if self._core_units_running() >= MAX_CORE_UNITS:
-                light = next((u for u in self.workqueue if not needs_a_core(u)), None)
-                if light is not None:  # else a core unit goes anyway: never leave a worker with nothing
-                    self.workqueue.move_to_end(light, last=False)
+            taken = self._cores_taken()
+            if taken + cores_of(next(iter(self.workqueue))) > CORES:
+                fits = next((u for u in self.workqueue if taken + cores_of(u) <= CORES), None)
+                if fits is not None:  # else the head goes anyway: never leave a worker with nothing
+                    self.workqueue.move_to_end(fits, last=False)
             super()._assign_work_unit(node)
 
         def _reschedule(self, node: Any) -> None:

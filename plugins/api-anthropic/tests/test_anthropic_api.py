@@ -361,9 +361,10 @@ def test_cancel_by_message_id_ends_the_stream_cleanly(node: NodeProcess) -> None
 
 
 def test_pings_while_waiting_for_the_first_token(tmp_path: Path) -> None:
-    extra = "\n[plugins.api-anthropic]\nkeepalive_s = 0.02\n"
+    # the first token comes after 0.5 s (25 keep-alive periods): a ping first even on a loaded box
+    extra = "\n[plugins.api-anthropic]\nkeepalive_s = 0.02\n\n[plugins.engine-echo]\ntoken_delay_s = 0.5\n"
     with echo_node(tmp_path, [ECHO], extra=extra, name="api-anthropic-test") as proc:
-        events = sse_events(proc, {"model": ECHO, "max_tokens": 64, "stream": True, "messages": user("/slow a b")})
+        events = sse_events(proc, {"model": ECHO, "max_tokens": 64, "stream": True, "messages": user("a b")})
         names = [n for n, _ in events]
         assert names[0] == "message_start" and names[1] == "ping" and names[-1] == "message_stop"
         assert all(name == data["type"] for name, data in events)
