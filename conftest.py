@@ -4,7 +4,8 @@
 supplies the scheduler and the time report. The controller does not collect, so everything it
 decides comes from a test's node id and its module's file:
 
-* **Work units**: a test module is one unit (its module-scoped nodes start once per run). A module
+* **Work units**: a test module is one unit (its module-scoped nodes start once per run); ``GROUPS``
+  names modules that must share one (they must not run beside each other). A module
   whose source uses one of ``SHARED_NODES`` (session fixtures that start a node: the serving suites'
   llama.cpp node, the adapter suites' echo node) joins that fixture's group: one unit, one worker,
   one node for the run. Modules in ``SPLIT_BY_TEST`` (each test starts its own cluster, nothing is
@@ -54,6 +55,12 @@ SHARED_NODES = {
     "embed_server": "@llama-server",
     "inproc": "@llama-server",
 }
+#: modules that must not run beside each other -> their shared unit (test_vllm_node counts every vLLM
+#: server of the models folder in the process table, test_vllm_engine starts one)
+GROUPS = {
+    "plugins/engine-vllm/tests/test_vllm_engine.py": "@vllm",
+    "plugins/engine-vllm/tests/test_vllm_node.py": "@vllm",
+}
 #: modules whose every test starts its own nodes (function-scoped fixtures only)
 SPLIT_BY_TEST = ("tests/cluster/test_cluster.py",)
 #: units that load real models (path prefixes or group names)
@@ -61,8 +68,7 @@ MODEL_SUITES = (
     "@llama-node",
     "@llama-server",
     "plugins/engine-mlx/tests/test_multirank.py",
-    "plugins/engine-vllm/tests/test_vllm_engine.py",
-    "plugins/engine-vllm/tests/test_vllm_node.py",
+    "@vllm",
     "plugins/engine-llamacpp/tests/test_speculative.py",
     "plugins/engine-llamacpp/tests/test_constrained_real.py",
     "tests/split/",
@@ -95,7 +101,7 @@ def unit_of(nodeid: str) -> str:
     path = nodeid.partition("::")[0]
     if path in SPLIT_BY_TEST:
         return nodeid
-    return _shared_node_unit(path) or path
+    return GROUPS.get(path) or _shared_node_unit(path) or path
 
 
 def is_timing_unit(unit: str) -> bool:
