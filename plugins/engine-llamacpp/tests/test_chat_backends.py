@@ -157,7 +157,9 @@ def test_server_cancel_releases_the_slot(chat_server):
     got: list[object] = []
     for ev in chat_server.chat(LONG, sampling={"max_tokens": 2000, "temperature": 0.7}, cancel=lambda: len(got) >= 3):
         got.append(ev)
-    deadline = time.monotonic() + 5
+    # every slot frees once its hog is cancelled; a hog left running would hold its slot for all of its
+    # 400 tokens (tens of seconds here): 15 s leaves room for a box loaded by the parallel suite
+    deadline = time.monotonic() + 15
     while any(s["is_processing"] for s in chat_server.slots()):
         assert time.monotonic() < deadline, "slot still generating after cancel"
         time.sleep(0.02)
@@ -230,7 +232,9 @@ def test_server_cancel_while_queued_for_a_slot(chat_server):
         t.join(timeout=30)
     assert events == []
     assert waited < 1.5, f"cancel of a queued request took {waited:.2f}s"
-    deadline = time.monotonic() + 5
+    # every slot frees once its hog is cancelled; a hog left running would hold its slot for all of its
+    # 400 tokens (tens of seconds here): 15 s leaves room for a box loaded by the parallel suite
+    deadline = time.monotonic() + 15
     while any(s["is_processing"] for s in chat_server.slots()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
