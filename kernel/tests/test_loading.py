@@ -141,6 +141,93 @@ def test_only_the_profiles_plugins_are_loaded(fake_plugin: Any) -> None:
     assert [n for n, _ in pm.list_name_plugin()] == ["kernel-defaults", "engine-echo"]
 
 
+# ============================== plugin-owned hookspecs (add_hookspecs) ===========================
+
+OWNER_SPECS = """
+from skulk_kernel.hookspecs import hookspec
+
+
+@hookspec
+def greet(name):
+    \"\"\"Say hello to `name`.\"\"\"
+"""
+
+OWNER_SOURCE = """
+from skulk_kernel import hookimpl
+
+import skulk_fake_greet_specs_{tag} as specs
+
+
+@hookimpl
+def add_hookspecs(pm):
+    pm.add_hookspecs(specs)
+
+
+@hookimpl
+def greet(name):  # the owner implements its own new hook too
+    return "owner:" + name
+"""
+
+CONSUMER_SOURCE = """
+from skulk_kernel import hookimpl
+
+
+@hookimpl
+def greet({args}):
+    return "{plugin}:" + name
+"""
+
+
+def install_greeters(fake_plugin: Any, tag: str, *, clash: bool = False, consumer_args: str = "name") -> None:
+    """greet-owner adds the `greet` spec; greet-before and greet-after implement it. Module names
+    carry `tag`: a module imported by one test stays in sys.modules for the next."""
+    specs = OWNER_SPECS.replace("def greet(", "def probe_node(") if clash else OWNER_SPECS
+    root = fake_plugin(
+        "skulk-greet-owner",
+        plugin="greet-owner",
+        module=f"skulk_fake_greet_owner_{tag}",
+        module_source=OWNER_SOURCE.replace("{tag}", tag),
+    )
+    (root / f"skulk_fake_greet_specs_{tag}.py").write_text(specs)
+    for who in ("before", "after"):
+        fake_plugin(
+            f"skulk-greet-{who}",
+            plugin=f"greet-{who}",
+            module=f"skulk_fake_greet_{who}_{tag}",
+            module_source=CONSUMER_SOURCE.format(plugin=who, args=consumer_args),
+        )
+
+
+def test_a_plugin_adds_hookspecs_that_plugins_loaded_before_and_after_implement(fake_plugin: Any) -> None:
+    install_greeters(fake_plugin, "order")
+    pm = build_plugin_manager(profile_of("greet-before", "greet-owner", "greet-after", "engine-echo"))
+    assert pm.hook.greet.spec is not None and pm.hook.greet.spec.namespace.__name__ == "skulk_fake_greet_specs_order"
+    assert sorted(pm.hook.greet(name="x")) == ["after:x", "before:x", "owner:x"]
+    assert [kwargs for kwargs, _ in pm.hook.add_hookspecs._call_history or ()] == [{"pm": pm}]  # called once
+
+
+def test_a_hookimpl_that_does_not_fit_a_plugin_added_spec_names_its_plugin(fake_plugin: Any) -> None:
+    install_greeters(fake_plugin, "args", consumer_args="name, weather")
+    with pytest.raises(PluginLoadError, match=r"(?s)plugin 'greet-before'.*weather"):
+        build_plugin_manager(profile_of("greet-before", "greet-owner"))
+
+
+def test_a_plugin_redeclaring_a_loaded_hook_is_a_load_error_naming_it(fake_plugin: Any) -> None:
+    install_greeters(fake_plugin, "clash", clash=True)
+    with pytest.raises(PluginLoadError, match=r"plugin 'greet-owner'.*add_hookspecs.*probe_node"):
+        build_plugin_manager(profile_of("greet-owner"))
+
+
+def test_a_hook_of_a_plugin_that_is_not_loaded_is_a_warning_not_a_crash(
+    fake_plugin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    install_greeters(fake_plugin, "alone")
+    with caplog.at_level(logging.WARNING, logger="skulk.plugins"):
+        pm = build_plugin_manager(profile_of("greet-before", "engine-echo"))
+    assert "plugin 'greet-before' implements hook 'greet', which no loaded plugin declares" in caplog.text
+    assert pm.hook.greet.spec is None  # never called by anyone: its owner is not loaded
+
+
 # ============================== missing plugins ==================================================
 
 

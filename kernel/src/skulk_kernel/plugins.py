@@ -7,6 +7,7 @@ profile validation work on any OS without the heavy libraries some plugins need.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from importlib import metadata
@@ -107,17 +108,29 @@ def _workspace_root() -> Path | None:
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
-    """A fresh manager with the kernel's hookspecs and trylast defaults (no module globals)."""
+    """A fresh manager with the kernel's hookspecs and trylast defaults (no module globals).
+
+    `add_hookspecs` is called once, here, as a historic call: pluggy replays it into each plugin
+    as `pm.register` meets its implementation, before that plugin's other hookimpls are added, so
+    a plugin's specs exist (and earlier plugins' impls of them are verified) once it is registered.
+    """
     pm = pluggy.PluginManager("skulk")
     pm.add_hookspecs(hookspecs)
     pm.register(defaults, name="kernel-defaults")
+    pm.hook.add_hookspecs.call_historic(kwargs={"pm": pm})
     return pm
 
 
 def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: str) -> None:
     """Register one plugin, refusing a wrapper hookimpl (naming the plugin and the hook): the node
-    calls each implementation on its own, so a wrapper would silently run as a plain one."""
-    pm.register(plugin, name=name)
+    calls each implementation on its own, so a wrapper would silently run as a plain one.
+
+    The plugin's `add_hookspecs` runs inside `pm.register` (the historic replay); a spec that
+    redeclares a hook already declared is refused here, naming the plugin."""
+    try:
+        pm.register(plugin, name=name)
+    except ValueError as exc:  # pm.add_hookspecs: "Hook 'x' is already registered within namespace"
+        raise PluginLoadError(f"plugin {name!r}: its add_hookspecs declares a hook already declared: {exc}") from exc
     for caller in pm.get_hookcallers(plugin) or ():
         for impl in caller.get_hookimpls():
             if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
@@ -127,7 +140,34 @@ def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: st
                     "hookwrapper=True); Skulk calls each implementation on its own, so write a plain "
                     "hookimpl (use wrap_inference for request middleware)"
                 )
-    pm.hook.add_hookspecs.call_historic(kwargs={"pm": pm})
+
+
+def check_unknown_hooks(pm: pluggy.PluginManager) -> None:
+    """Hookimpls no loaded spec declares, once every plugin is loaded (pluggy's check_pending, relaxed).
+
+    A near miss of a declared hook's name (``probe_nodes``) is a misspelling: PluginLoadError.
+    Any other name is a hook of a plugin this profile does not load (``register_api_routes``
+    without api-control): a warning, and the implementation is never called. ``optionalhook=True``
+    on the hookimpl silences the warning.
+    """
+    declared = [name for name, caller in vars(pm.hook).items() if not name.startswith("_") and caller.has_spec()]
+    for name, caller in list(vars(pm.hook).items()):
+        if name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            if close := difflib.get_close_matches(name, declared, n=1, cutoff=0.9):
+                raise PluginLoadError(
+                    f"plugin {impl.plugin_name!r}: unknown hook {name!r} (did you mean {close[0]!r}?); "
+                    "the hooks are listed in docs/hooks.md"
+                )
+            log.warning(
+                "plugin %r implements hook %r, which no loaded plugin declares: it is never called on this "
+                "node (a hook of a plugin the profile does not load, or a misspelling; see docs/hooks.md)",
+                impl.plugin_name,
+                name,
+            )
 
 
 def build_plugin_manager(profile: Profile) -> pluggy.PluginManager:
@@ -156,10 +196,9 @@ def build_plugin_manager(profile: Profile) -> pluggy.PluginManager:
         try:
             register_plugin(pm, module, name)
         except pluggy.PluginValidationError as exc:  # a hookimpl whose arguments match no spec
-            raise PluginLoadError(f"plugin {name!r} ({info.distribution}): {exc}") from exc
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:  # a misspelled hook name
-        culprit = next((n for n, p in pm.list_name_plugin() if p is exc.plugin), "?")
-        raise PluginLoadError(f"plugin {culprit!r}: {exc}; the hooks are listed in docs/hooks.md") from exc
+            # The culprit may be an earlier plugin whose impl this plugin's new spec just verified.
+            culprit = next((n for n, p in pm.list_name_plugin() if p is exc.plugin and n != name), None)
+            who = f"plugin {culprit!r} (checked against a hook plugin {name!r} declares)" if culprit else None
+            raise PluginLoadError(f"{who or f'plugin {name!r} ({info.distribution})'}: {exc}") from exc
+    check_unknown_hooks(pm)
     return pm
