@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import tomllib
 from pathlib import Path
@@ -15,7 +16,10 @@ from skulk_kernel.profiles import bundled_profile_names, parse_profile
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 ECHO = ROOT / "plugins" / "engine-echo"
-HOOKS = {name for name, fn in vars(hookspecs).items() if hasattr(fn, "skulk_spec")}
+SPEC_MODULES = [hookspecs] + [
+    importlib.import_module(f"{path.parent.name}.hookspecs") for path in ROOT.glob("plugins/*/src/*/hookspecs.py")
+]  # the kernel's hooks and those plugins declare (docs/hooks.md, "Plugin <name>")
+HOOKS = {name for module in SPEC_MODULES for name, fn in vars(module).items() if hasattr(fn, "skulk_spec")}
 
 
 def blocks(doc: str, lang: str) -> list[str]:

@@ -1,31 +1,61 @@
 """docs/hooks.md documents every hookspec with its exact signature, in banner order; every
 hookspec docstring says when it is called, on which nodes and how results combine (rule 2.4).
+
+Hooks a plugin declares live in ``plugins/<name>/src/<package>/hookspecs.py`` (added by the
+plugin's `add_hookspecs`); they are documented after the kernel's, under ``# Plugin <name>``, and
+each is checked to really be added by its plugin and callable whatever the load order.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from skulk_kernel import hookspecs
+from skulk_kernel import hookimpl, hookspecs
+from skulk_kernel.plugins import build_plugin_manager, check_unknown_hooks, new_plugin_manager, register_plugin
+from skulk_kernel.profiles import Profile
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "hooks.md"
 COMBINES = ("results are ignored", "collected", "first non-none", "first result")
 WHERE = ("every node", "nodes that", "the master", "the api", "runner", "cli")
 
 
-def spec_names() -> list[str]:
+def spec_names(module: ModuleType = hookspecs) -> list[str]:
     found = [
         (fn.__code__.co_firstlineno, name)
-        for name, fn in vars(hookspecs).items()
+        for name, fn in vars(module).items()
         if inspect.isfunction(fn) and hasattr(fn, "skulk_spec")
     ]
     return [name for _, name in sorted(found)]
+
+
+def plugin_spec_modules() -> dict[str, ModuleType]:
+    """{plugin name: its hookspecs module}, for every in-tree plugin that declares hooks."""
+    return {
+        path.parents[2].name: importlib.import_module(f"{path.parent.name}.hookspecs")
+        for path in sorted(ROOT.glob("plugins/*/src/*/hookspecs.py"))
+    }
+
+
+def owners() -> dict[str, ModuleType]:
+    """{hook name: the module declaring it}: the kernel's hooks, then every plugin's."""
+    found = {name: hookspecs for name in spec_names()}
+    for module in plugin_spec_modules().values():
+        for name in spec_names(module):
+            assert name not in found, f"hook {name} is declared twice: {found[name].__name__}, {module.__name__}"
+            found[name] = module
+    return found
+
+
+PLUGIN_HOOKS = [(plugin, name) for plugin, module in plugin_spec_modules().items() for name in spec_names(module)]
 
 
 def banners() -> list[tuple[str, list[str]]]:
@@ -83,12 +113,12 @@ def test_docs_exist() -> None:
     assert DOC.is_file()
 
 
-@pytest.mark.parametrize("name", spec_names())
+@pytest.mark.parametrize("name", list(owners()))
 def test_every_hookspec_is_documented_with_its_signature(name: str) -> None:
     _, sections = doc_structure()
     assert name in sections, f"docs/hooks.md has no '## {name}' heading"
     documented, decorator = documented_signature(sections[name], name)
-    spec = getattr(hookspecs, name)
+    spec = getattr(owners()[name], name)
     params = inspect.signature(spec).parameters
     doc_args = [(a.arg, norm(ast.unparse(a.annotation)) if a.annotation else None) for a in documented.args.args]
     spec_args = [
@@ -104,7 +134,7 @@ def test_every_hookspec_is_documented_with_its_signature(name: str) -> None:
     assert decorator == expected, f"{name}: documented as @{decorator}, spec is @{expected}"
 
 
-@pytest.mark.parametrize("name", spec_names())
+@pytest.mark.parametrize("name", list(owners()))
 def test_every_section_says_when_where_and_results(name: str) -> None:
     _, sections = doc_structure()
     text = sections[name]
@@ -114,20 +144,49 @@ def test_every_section_says_when_where_and_results(name: str) -> None:
 
 def test_documented_hooks_all_exist() -> None:
     _, sections = doc_structure()
-    extra = sorted(set(sections) - set(spec_names()))
-    assert not extra, f"docs/hooks.md documents hooks that hookspecs.py does not define: {extra}"
+    extra = sorted(set(sections) - set(owners()))
+    assert not extra, f"docs/hooks.md documents hooks that no hookspecs.py defines: {extra}"
 
 
 def test_docs_follow_the_banner_groups_and_order() -> None:
+    """The kernel's banner groups in order, then one `# Plugin <name>` group per plugin."""
     groups, _ = doc_structure()
     documented = [(title.lower(), hooks) for title, hooks in groups]
     expected = [(title.lower(), hooks) for title, hooks in banners()]
+    expected += [(f"plugin {plugin}", spec_names(module)) for plugin, module in plugin_spec_modules().items()]
     assert documented == expected
 
 
-@pytest.mark.parametrize("name", spec_names())
+def test_the_http_hooks_belong_to_api_control() -> None:
+    assert owners()["register_api_routes"].__name__ == "skulk_api_control.hookspecs"
+    assert not hasattr(hookspecs, "register_api_routes")
+
+
+@pytest.mark.parametrize(("plugin", "name"), PLUGIN_HOOKS)
+def test_every_plugin_hook_is_added_by_its_plugin_and_works_in_any_load_order(plugin: str, name: str) -> None:
+    module = plugin_spec_modules()[plugin]
+    pm = build_plugin_manager(Profile(name="owner-only", plugins=(plugin,)))
+    assert getattr(pm.hook, name).spec.namespace is module, f"{plugin}'s add_hookspecs does not add {name}"
+    argnames = list(inspect.signature(getattr(module, name)).parameters)
+    for consumer_first in (True, False):
+        seen: list[dict[str, Any]] = []
+        namespace: dict[str, Any] = {"seen": seen}
+        exec(f"def {name}({', '.join(argnames)}):\n    seen.append(dict(locals()))\n", namespace)
+        consumer = type("Consumer", (), {name: staticmethod(hookimpl(namespace[name]))})()
+        owner = importlib.import_module(pm.get_plugin(plugin).__name__)
+        pm = new_plugin_manager()
+        order = [(consumer, "consumer"), (owner, plugin)]
+        for obj, label in order if consumer_first else order[::-1]:
+            register_plugin(pm, obj, label)
+        check_unknown_hooks(pm)
+        kwargs = {arg: f"<{arg}>" for arg in argnames}
+        pm.subset_hook_caller(name, remove_plugins=[owner])(**kwargs)  # the owner's own impl wants real args
+        assert seen == [kwargs], f"{name}: a plugin loaded {'before' if consumer_first else 'after'} {plugin}"
+
+
+@pytest.mark.parametrize("name", list(owners()))
 def test_every_hookspec_docstring_says_when_where_and_how_results_combine(name: str) -> None:
-    doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+    doc = inspect.getdoc(getattr(owners()[name], name)) or ""
     assert doc.strip(), f"hookspec {name} has no docstring"
     lowered = " ".join(doc.lower().split())
     assert "called" in lowered, f"hookspec {name}: the docstring must say when it is called"

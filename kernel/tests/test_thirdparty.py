@@ -72,6 +72,7 @@ def test_pip_installed_plugin_is_listed(installed_hello: float) -> None:
 
 class TestHelloPlugin(PluginConformance):
     plugin_name = "hello-world"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
     @pytest.fixture(autouse=True)
     def _installed(self, installed_hello: float) -> None:

@@ -30,10 +30,11 @@ hookimpl = pluggy.HookimplMarker("skulk")
 
 @hookspec(historic=True)
 def add_hookspecs(pm: pluggy.PluginManager) -> None:
-    """Add a plugin's own hookspecs so other plugins can implement them.
+    """Add a plugin's own hookspecs so other plugins can implement them: ``pm.add_hookspecs(mod)``.
 
-    Called once per plugin as it is registered, on every node (historic: late plugins see it too).
-    Results are ignored.
+    Called once per plugin, on every node, inside its registration and before its other hooks are
+    added (historic: pluggy replays the one call into each plugin as it registers). Results are
+    ignored. A spec redeclaring a declared hook stops loading.
     """
 
 
@@ -104,15 +105,6 @@ def register_model_stores(register: Callable[[Any], None], node: NodeSurface | N
 
     Called once on every node at start-up. All registrations are collected; a duplicate name is an
     error; the node consults them in order.
-    """
-
-
-@hookspec
-def register_api_routes(app: Any, node: NodeSurface) -> None:
-    """Add routes to the node's HTTP app (a FastAPI instance) on port 52415.
-
-    Called once at start-up on nodes that serve the API. Every implementation runs; results are
-    ignored. Heavy imports belong inside the route functions.
     """
 
 

@@ -11,6 +11,7 @@ from skulk_testing.conformance import ApiAdapterConformance, PluginConformance
 
 class TestAnthropicPlugin(PluginConformance):
     plugin_name = "api-anthropic"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
 
 class TestAnthropicAdapter(ApiAdapterConformance):

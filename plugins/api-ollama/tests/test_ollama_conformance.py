@@ -11,6 +11,7 @@ from skulk_testing.conformance import ApiAdapterConformance, PluginConformance
 
 class TestOllamaPlugin(PluginConformance):
     plugin_name = "api-ollama"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
 
 class TestOllamaAdapter(ApiAdapterConformance):

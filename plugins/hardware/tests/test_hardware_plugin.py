@@ -7,3 +7,4 @@ from skulk_testing.conformance import PluginConformance
 
 class TestHardwarePlugin(PluginConformance):
     plugin_name = "hardware"
+    hook_owners = ("api-control",)  # it implements register_api_routes

@@ -82,6 +82,7 @@ def reg(tmp_path: Path):
 
 class TestRegistryPlugin(PluginConformance):
     plugin_name = "registry-tuf"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
 
 class TestRegistryStore(ModelStoreConformance):

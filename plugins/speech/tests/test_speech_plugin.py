@@ -21,6 +21,7 @@ from skulk_testing.conformance import ModelStoreConformance, PluginConformance, 
 
 class TestSpeechPlugin(PluginConformance):
     plugin_name = "speech"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
 
 class TestSpeechModelStore(ModelStoreConformance):

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 class TestStorePlugin(PluginConformance):
     plugin_name = "store"
+    hook_owners = ("api-control",)  # it implements register_api_routes
 
 
 class TestLocalStore(ModelStoreConformance):

@@ -15,6 +15,13 @@ from .security_hooks import register_cli_commands, register_config, wrap_inferen
 
 
 @hookimpl
+def add_hookspecs(pm: Any) -> None:
+    from . import hookspecs  # register_api_routes: api-control builds the app, so it owns the hook
+
+    pm.add_hookspecs(hookspecs)
+
+
+@hookimpl
 def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .dashboard import add_dashboard_routes
     from .routes import add_control_routes
