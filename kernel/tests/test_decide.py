@@ -46,11 +46,13 @@ from skulk_kernel.api import (
     PlaceInstance,
     PlacementError,
     PlacementRequest,
+    PluginDataSet,
     RefuseInstancePlacement,
     RingInstance,
     RunnerId,
     RunnerReady,
     RunnerStatusUpdated,
+    SetPluginData,
     SetTracingEnabled,
     ShardAssignments,
     SpeechParams,
@@ -173,6 +175,28 @@ def test_place_instance_creates_the_planned_instance() -> None:
 def test_place_instance_refusal_is_logged_not_indexed() -> None:
     decision = decide(State(), PlaceInstance(command_id=CommandId("p1"), model_id=ModelId("nope")), view())
     assert decision.events == () and "not in the catalog" in decision.log[0]
+    # the sender is told, in the planner's own words (the HTTP client sees them unchanged)
+    assert decision.refusal is not None and decision.refusal.kind == "unknown_model"
+    assert decision.refusal.reason in decision.log[0] and not decision.refusal.retryable
+
+
+def test_set_plugin_data_indexes_only_what_changes() -> None:
+    first = decide(
+        State(), SetPluginData(command_id=CommandId("s1"), plugin="p", entries=(("a", 1), ("b", None))), view()
+    )
+    assert first.events == (PluginDataSet(plugin="p", key="a", value=1),)  # deleting an absent key is a no-op
+    state = applied(State(), *first.events)
+    again = decide(state, SetPluginData(command_id=CommandId("s2"), plugin="p", entries=(("a", 1),)), view())
+    assert again.events == () and again.refusal is None  # already true: indexed with no event
+    gone = decide(state, SetPluginData(command_id=CommandId("s3"), plugin="p", entries=(("a", None),)), view())
+    assert gone.events == (PluginDataSet(plugin="p", key="a", value=None),)
+
+
+def test_a_request_sent_again_creates_no_second_task() -> None:
+    state = serving()
+    created = decide(state, generation("g1"), view())
+    assert len(created.events) == 1
+    assert decide(applied(state, *created.events), generation("g1"), view()).events == ()
 
 
 def test_create_instance_indexes_it_once() -> None:

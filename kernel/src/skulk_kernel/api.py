@@ -18,15 +18,17 @@ from .apply import OutOfOrderEvent, apply, replay
 from .commands import (
     COMMAND_TYPES, AddCustomModelCard, CancelTask, Command, CommandBase, CreateInstance, DeleteCustomModelCard,
     DeleteInstance, FailInstance, FinishTask, ForwardedCommand, PlaceInstance, RefuseInstancePlacement,
-    Request, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription, ImageGeneration,
-    VideoGeneration,
+    Request, SetPluginData, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription,
+    ImageGeneration, VideoGeneration,
 )
 from .contracts import (
-    ApiAdapter, Election, Engine, EngineInstaller, EngineProbe, EngineSession, InferenceMiddleware, ModelStore,
-    NodeCapacity, NodeSurface, PeerEvent, PlacementError, PlacementRequest, Planner, RunnerSpec, Transport,
+    SESSION_PROTOCOLS, ApiAdapter, Election, EmbeddingSession, Engine, EngineInstaller, EngineProbe, EngineSession,
+    ImageGenerationSession, InferenceMiddleware, ModelStore, NodeCapacity, NodeSurface, PeerEvent, PlacementError,
+    PlacementRequest, Planner, RunnerSpec, SpeechSynthesisSession, TextGenerationSession, TranscriptionSession,
+    Transport, VideoGenerationSession, VisionInput, takes_images,
 )
 from .decide import (
-    Decision, DecisionView, Effect, ForgetNode, Park, Reply, Retry, Unpark, decide, derived_id, dispatch,
+    Decision, DecisionView, Effect, ForgetNode, Park, Refusal, Reply, Retry, Unpark, decide, derived_id, dispatch,
     pick_instance, place, replace_lost, replacement, state_after, teardown,
 )
 from .events import (
@@ -45,12 +47,14 @@ from .instances import (
     ShardMetadata, Sharding, TensorShardMetadata, instance_ready,
 )
 from .models import ModelCard, ModelTask
+from .outcomes import HOLD_S, AnsweredCommands, Outcome, OutcomeStatus
 from .placement import STALE_AFTER_S, capacities, catalog, plan_placement, resolve_card
 from .plugins import (
     PluginLoadError, build_plugin_manager, installed_plugins, kernel_version, new_plugin_manager, register_plugin,
 )
 from .profiles import Planes, Profile, ProfileError, load_profile, parse_profile
 from .readings import ReadingStore, Received
+from .services import ServiceKey, Services
 from .state import (
     DownloadCompletedStatus, DownloadFailedStatus, DownloadPendingStatus, DownloadStatus, InstanceFailure, State,
     StateSnapshot, Topology,
@@ -61,7 +65,7 @@ from .tasks import (
     FinishReason, GenerationStats, PrefillProgressChunk, SamplingParams, SpeechParams, SpeechSynthesisTask, Task,
     TaskBase, TaskStatus, TextEmbeddingTask, TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob,
     ToolCall, ToolCallChunk, ToolSpec, TopLogprob, TranscriptChunk, TranscriptionTask, Usage, is_terminal,
-    ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask,
+    ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask, task_kind,
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,

@@ -6,7 +6,7 @@ command carries its own id so an API caller can correlate the acknowledgement wi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 from pydantic import Field
 
@@ -119,11 +119,21 @@ class SetTracingEnabled(CommandBase):
     enabled: bool
 
 
+class SetPluginData(CommandBase):
+    """Set (or, with None, delete) keys of a plugin's replicated data: settings, API keys.
+
+    A command rather than a LOCAL_EVENTS report so its sender learns the outcome (`node.submit`).
+    """
+
+    plugin: str
+    entries: tuple[tuple[str, Any], ...]
+
+
 # fmt: off
 Command: TypeAlias = (
     PlaceInstance | CreateInstance | DeleteInstance | RefuseInstancePlacement | FailInstance | TextGeneration
     | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
-    | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration
+    | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration | SetPluginData
 )
 Request: TypeAlias = (  # what an API node sends
     TextGeneration | TextEmbedding | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration

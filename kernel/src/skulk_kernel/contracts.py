@@ -17,8 +17,9 @@ from .events import Event
 from .ids import NodeId
 from .instances import Instance, RankGroup, Sharding, ShardMetadata
 from .models import ModelCard
+from .outcomes import Outcome
 from .state import State
-from .tasks import Chunk, EmbeddingParams, TextGenerationParams
+from .tasks import Chunk, EmbeddingParams, MediaParams, SpeechParams, TextGenerationParams
 from .topics import Topic
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .node import NodeOptions
     from .profiles import Profile
     from .readings import ReadingStore
+    from .services import Services
     from .streams import StreamRouter
 
 # ============================== the node, as plugins see it ======================================
@@ -52,7 +54,7 @@ class NodeSurface(Protocol):
     health_notes: dict[str, dict[str, str]]  # plugin -> {code: message}; shown in /state nodeHealth
     streams: StreamRouter
     hooks: GuardedHooks
-    extensions: dict[str, Any]  # plugin name -> the per-node object that plugin keeps
+    services: Services  # per-node objects plugins publish under typed keys (skulk_kernel.services)
 
     def plugin_config(self, plugin: str) -> Any: ...
     def runtime_info(self) -> dict[str, Any]: ...
@@ -65,7 +67,11 @@ class NodeSurface(Protocol):
     def transports(self) -> Mapping[str, Transport]: ...
     def subscribe(self, topic: Topic, handler: Callable[[str, bytes], Awaitable[None] | None]) -> None: ...
     async def publish(self, topic: Topic, payload: bytes) -> None: ...
-    async def submit(self, command: Command) -> None: ...
+    async def submit(self, command: Command, timeout: float = ...) -> Outcome:
+        """Send a command to the master and await its outcome (indexed, refused, no master, unconfirmed)."""
+    async def post(self, command: Command) -> None:
+        """Send a command whose answer comes another way (a request's stream, a cancel)."""
+    async def send_outcome(self, origin: str, outcome: Outcome) -> None: ...
     async def emit(self, event: Event) -> None: ...
     async def send_chunk(self, owner: str, chunk: Chunk) -> None: ...
     def reachable_nodes(self) -> set[str]: ...
@@ -218,16 +224,93 @@ class RunnerSpec:
 
 @runtime_checkable
 class EngineSession(Protocol):
-    """A loaded shard inside a runner subprocess. Methods are synchronous and may block."""
+    """A loaded shard inside a runner subprocess: what every session does, whatever it serves.
+
+    What it serves is one Protocol per task kind below (`SESSION_PROTOCOLS`); a session implements
+    the ones for the kinds in its engine's `Engine.tasks`, and only those: the runner answers a task
+    of any other kind with an ErrorChunk ("engine X does not serve <kind>"), so a session never
+    carries methods that only refuse. Methods are synchronous and may block.
+    """
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TextGenerationSession(Protocol):
+    """Kind `TextGeneration`: chat/completion text."""
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         """Yield chunks; the last has a finish_reason. Stop soon after `cancelled()` is true."""
 
+    def count_tokens(self, params: TextGenerationParams) -> int:
+        """The prompt's tokens as `generate` would see them (the runner's context check)."""
+
+
+@runtime_checkable
+class EmbeddingSession(Protocol):
+    """Kind `TextEmbedding`: one terminal EmbeddingChunk, a vector per input."""
+
     def embed(self, command_id: str, params: EmbeddingParams) -> Chunk: ...
 
-    def count_tokens(self, params: TextGenerationParams) -> int: ...
 
-    def close(self) -> None: ...
+@runtime_checkable
+class SpeechSynthesisSession(Protocol):
+    """Kind `SpeechSynthesis`: AudioChunks of the spoken `params.input`, then a terminal chunk."""
+
+    def synthesize(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]: ...
+
+
+@runtime_checkable
+class TranscriptionSession(Protocol):
+    """Kind `Transcription`: TranscriptChunks of the uploaded audio, then a terminal chunk."""
+
+    def transcribe(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]: ...
+
+
+@runtime_checkable
+class ImageGenerationSession(Protocol):
+    """Kind `ImageGeneration`: ProgressChunks, then the images as MediaChunk pieces."""
+
+    def generate_image(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
+        """Stop soon after `cancelled()` is true; the last MediaChunk piece is terminal."""
+
+
+@runtime_checkable
+class VideoGenerationSession(Protocol):
+    """Kind `VideoGeneration`: ProgressChunks, then the video as MediaChunk pieces."""
+
+    def generate_video(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
+        """Stop soon after `cancelled()` is true; the last MediaChunk piece is terminal."""
+
+
+SESSION_PROTOCOLS: Mapping[str, type] = {
+    "TextGeneration": TextGenerationSession,
+    "TextEmbedding": EmbeddingSession,
+    "SpeechSynthesis": SpeechSynthesisSession,
+    "Transcription": TranscriptionSession,
+    "ImageGeneration": ImageGenerationSession,
+    "VideoGeneration": VideoGenerationSession,
+}
+"""Task kind (`Engine.tasks`, `ModelCard.tasks`, `task_kind(task)`) -> the session Protocol that serves it."""
+
+
+@runtime_checkable
+class VisionInput(Protocol):
+    """A capability of a TextGenerationSession: its model takes images as well as text.
+
+    The seam for vision models (mllama, a llama.cpp model with its mmproj). Today no request carries
+    images: `TextGenerationParams` messages are text and the API adapters refuse image parts. The
+    work that adds images to the params has a session that can read them set `takes_images` (True
+    once the vision tower is loaded) and refuses an image-bearing request to one that does not
+    (`takes_images(session)`). A session without the attribute is text-only.
+    """
+
+    takes_images: bool
+
+
+def takes_images(session: object) -> bool:
+    """Whether a loaded session reads images (implements VisionInput and says so)."""
+    return isinstance(session, VisionInput) and bool(session.takes_images)
 
 
 @runtime_checkable

@@ -79,15 +79,33 @@ Effect = Park | Unpark | Retry | ForgetNode
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """Why the master will not carry a command out: told to its sender as a `refused` outcome.
+
+    `reason` is for a user (an HTTP client sees it unchanged), `kind` for code (it picks the HTTP
+    status), `retryable` when the cluster is still learning about itself (telemetry not in yet).
+    """
+
+    kind: str
+    reason: str
+    retryable: bool = False
+
+
+@dataclass(frozen=True)
 class Decision:
     events: tuple[ev.Event, ...] = ()
     replies: tuple[Reply, ...] = ()
     effects: tuple[Effect, ...] = ()
     log: tuple[str, ...] = ()  # what the master should say in its log (refusals, re-placements)
+    refusal: Refusal | None = None  # set: the command is refused (no events), its sender is told why
 
     def __add__(self, other: Decision) -> Decision:
         return Decision(
-            self.events + other.events, self.replies + other.replies, self.effects + other.effects, self.log + other.log
+            self.events + other.events,
+            self.replies + other.replies,
+            self.effects + other.effects,
+            self.log + other.log,
+            self.refusal or other.refusal,
         )
 
 
@@ -247,6 +265,8 @@ def pick_instance(state: State, model_id: str, view: DecisionView, pinned: str |
 
 def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision:
     """Create the task on the least-loaded ready instance, refuse it, or park it until one is ready."""
+    if TaskId(command.command_id) in state.tasks:  # sent again (the task id is the command id): done already
+        return NOTHING
     model_id = command.params.model_id
     instance = pick_instance(state, model_id, view, command.instance_id)
     if instance is None:
@@ -289,7 +309,10 @@ def _(command: cmd.PlaceInstance, state: State, view: DecisionView) -> Decision:
     try:
         instance = place(state, command, view)
     except PlacementError as exc:
-        return Decision(log=(f"placement of {command.model_id} failed: {exc.message}",))
+        return Decision(
+            log=(f"placement of {command.model_id} failed: {exc.message}",),
+            refusal=Refusal(exc.kind, exc.message, exc.retryable),
+        )
     if instance.instance_id in state.instances:  # sent again (the id derives from the command): placed already
         return NOTHING
     return Decision(events=(ev.InstanceCreated(instance=instance),))
@@ -362,6 +385,8 @@ def _(command: cmd.FinishTask, state: State, view: DecisionView) -> Decision:
 
 @_decide.register
 def _(command: cmd.AddCustomModelCard, state: State, view: DecisionView) -> Decision:
+    if state.custom_model_cards.get(command.card.model_id) == command.card:
+        return NOTHING
     return Decision(events=(ev.CustomModelCardAdded(card=command.card),))
 
 
@@ -375,3 +400,14 @@ def _(command: cmd.DeleteCustomModelCard, state: State, view: DecisionView) -> D
 @_decide.register
 def _(command: cmd.SetTracingEnabled, state: State, view: DecisionView) -> Decision:
     return Decision(events=(ev.TracingStateChanged(enabled=command.enabled),))
+
+
+@_decide.register
+def _(command: cmd.SetPluginData, state: State, view: DecisionView) -> Decision:
+    data = state.plugin_data.get(command.plugin, {})
+    changed = tuple(
+        ev.PluginDataSet(plugin=command.plugin, key=key, value=value)
+        for key, value in command.entries
+        if (key in data) != (value is not None) or data.get(key) != value
+    )
+    return Decision(events=changed)

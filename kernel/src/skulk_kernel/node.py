@@ -31,9 +31,11 @@ from .contracts import PeerEvent
 from .events import Connection, Event, IndexedEvent, LocalEvent, TopologyEdgeCreated, TopologyEdgeDeleted
 from .hooks import GuardedHooks, NodeError, Registry, collect
 from .ids import NodeId, new_id
+from .outcomes import DEFAULT_TIMEOUT_S, Outcome, Submitter
 from .plugins import build_plugin_manager, kernel_version
 from .profiles import Profile
 from .readings import ReadingStore, probe_readings
+from .services import Services
 from .state import State, StateSnapshot
 from .streams import StreamRouter
 from .tasks import Chunk
@@ -60,6 +62,26 @@ class NodeOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def config_error(plugin: str, model: type[BaseModel], exc: ValidationError) -> str:
+    """One paragraph for people: the bad key and the valid keys, or the key and the type it wants."""
+    fields = model.model_fields
+    valid = ", ".join(sorted(fields))
+    problems = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(table)"
+        top = str(err["loc"][0]) if err["loc"] else ""
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key {key!r}")
+        elif top in fields:
+            ann = fields[top].annotation
+            wants = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+            problems.append(f"key {key!r} wants {wants} (got {err.get('input')!r}: {err['msg']})")
+        else:
+            problems.append(f"{key}: {err['msg']}")
+    unknown = any(err["type"] == "extra_forbidden" for err in exc.errors())
+    return "; ".join(problems) + (f". Plugin {plugin!r} accepts the keys: {valid}." if unknown else ".")
+
+
 class Node:
     def __init__(
         self, profile: Profile, options: NodeOptions | None = None, pm: pluggy.PluginManager | None = None
@@ -78,7 +100,7 @@ class Node:
         self.health_notes: dict[str, dict[str, str]] = {}  # plugin-reported conditions
         self.facts: dict[str, Any] = {}
         self.middleware: list[Any] = []
-        self.extensions: dict[str, Any] = {}  # plugin-owned per-node objects, by plugin name
+        self.services = Services()  # plugin-published per-node objects, by typed key
         self._config_models: dict[str, type[BaseModel]] = {}
         self._plugin_config: dict[str, BaseModel] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -90,6 +112,8 @@ class Node:
         self._peers: set[str] = set()  # live transport sessions (control plane)
         self.exit_code = 0
         self.transports: dict[str, Any] = {}
+        self.submitter = Submitter(self)
+        self.applying_task: asyncio.Task[Any] | None = None
         self.engines = Registry("engine")
         self.planners = Registry("planner")
         self.model_stores = Registry("model store")
@@ -107,7 +131,8 @@ class Node:
             try:
                 self._plugin_config[plugin] = model(**self.profile.config_for(plugin))
             except ValidationError as exc:
-                raise NodeError(f"[plugins.{plugin}] in profile {self.profile.source}: {exc}") from None
+                problem = config_error(plugin, model, exc)
+                raise NodeError(f"[plugins.{plugin}] in profile {self.profile.source}: {problem}") from None
         unknown = set(self.profile.plugin_config) - set(self._config_models)
         for plugin in sorted(unknown):
             log.warning("profile has [plugins.%s] but no loaded plugin declares that config", plugin)
@@ -151,6 +176,7 @@ class Node:
         previous = self.master_id
         log.info("master is now %s%s", master_id, " (this node)" if master_id == self.node_id else "")
         self.master_id = master_id
+        self.submitter.master_changed(master_id)
         if previous is not None:
             # A new master starts a new session that cannot carry the old one's requests.
             self.streams.fail_all(f"the cluster master changed (was {previous}); please retry", code="master_changed")
@@ -193,9 +219,35 @@ class Node:
     async def publish(self, topic: Topic, payload: bytes) -> None:
         await self._transport(topic).publish(topic, payload)
 
-    async def submit(self, command: Command) -> None:
-        """Send a command to the master (which validates and sequences it)."""
-        await self.publish(Topic.COMMANDS, codec.encode(ForwardedCommand(origin=self.node_id, command=command)))
+    async def submit(self, command: Command, timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:
+        """Send a command to the master and await what became of it (see `outcomes`).
+
+        Held while there is no master, sent again until answered, and returned once this node's
+        State has the events it produced; never raises for a lost or refused command.
+        """
+        return await self.submitter.submit(command, timeout)
+
+    async def post(self, command: Command) -> None:
+        """Send a command whose answer is elsewhere (a request's stream, a cancel): once, no outcome awaited.
+
+        With no master yet it is held and sent when one is elected.
+        """
+        payload = codec.encode(ForwardedCommand(origin=self.node_id, command=command))
+        if self.master_id is not None:
+            await self.publish(Topic.COMMANDS, payload)
+            return
+
+        async def when_elected() -> None:
+            async with asyncio.timeout(SYNC_TIMEOUT_S):
+                while self.master_id is None:
+                    await asyncio.sleep(0.05)
+            await self.publish(Topic.COMMANDS, payload)
+
+        self.spawn(when_elected(), f"post-{command.command_id[:8]}")
+
+    async def send_outcome(self, origin: str, outcome: Outcome) -> None:
+        """The master's answer to `origin` about one of its commands."""
+        await self._transport(Topic.OUTCOMES).send(origin, Topic.OUTCOMES, codec.encode(outcome))
 
     async def emit(self, event: Event) -> None:
         """Report a local fact (runner status, task ack) for the master to index."""
@@ -223,7 +275,11 @@ class Node:
         while nxt := self._pending_events.pop(self.state.last_event_applied_idx + 1, None):
             before = self.state
             self.state = apply(before, nxt)
-            await self.hooks.acall("on_event_applied", node=self, event=nxt, before=before, after=self.state)
+            self.applying_task = asyncio.current_task()  # a hook that submits must not wait for State here
+            try:
+                await self.hooks.acall("on_event_applied", node=self, event=nxt, before=before, after=self.state)
+            finally:
+                self.applying_task = None
             await self._notify()
 
     def reset_state(self, state: State) -> None:
@@ -380,6 +436,7 @@ class Node:
         self.subscribe(Topic.GLOBAL_EVENTS, self._on_global_event)
         self.subscribe(Topic.READINGS, self._on_reading)
         self.subscribe(Topic.CHUNKS, self._on_chunk)
+        self.subscribe(Topic.OUTCOMES, self.submitter.on_outcome)
         loop = self._loop
         self.transports["control"].on_peer(
             lambda peer: loop.call_soon_threadsafe(lambda: self.spawn(self._on_peer(peer), "peer-event"))

@@ -17,6 +17,7 @@ class Plane(StrEnum):
 
 class Topic(StrEnum):
     COMMANDS = "commands"
+    OUTCOMES = "outcomes"  # the master's answer to a command, addressed to its sender
     LOCAL_EVENTS = "local_events"
     GLOBAL_EVENTS = "global_events"
     ELECTION = "election"
@@ -31,6 +32,7 @@ class Topic(StrEnum):
 
 _PLANE_OF = {
     Topic.COMMANDS: Plane.CONTROL,
+    Topic.OUTCOMES: Plane.CONTROL,
     Topic.LOCAL_EVENTS: Plane.CONTROL,
     Topic.GLOBAL_EVENTS: Plane.CONTROL,
     Topic.ELECTION: Plane.CONTROL,

@@ -5,10 +5,10 @@
   (``[plugins.api-control] open = true``, logged loudly at start).
 * Keys: ``skulk-<id>-<secret>``, shown once at creation; State holds only ``sha256(key)`` (keys are
   256-bit random, so a slow password hash would add nothing but latency). They live in the
-  replicated State as ``PluginDataSet(plugin="api-keys")`` events that the API node reports on
-  LOCAL_EVENTS and the master indexes: created or revoked on one node, in force on every node as
-  soon as the event is applied (milliseconds). Scopes: ``inference`` (the model APIs) and
-  ``operator`` (everything, control routes included).
+  replicated State as ``PluginDataSet(plugin="api-keys")`` events, set by a ``SetPluginData``
+  command the API node submits and the master indexes (the route answers with its outcome):
+  created or revoked on one node, in force on every node as soon as the event is applied.
+  Scopes: ``inference`` (the model APIs) and ``operator`` (everything, control routes included).
 * Quotas: ``tokens_per_min`` per key, cluster-wide: see quota.py.
 * Errors are the provider-native body of the API the path belongs to (errors.py).
 """
@@ -246,9 +246,13 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
     """POST/GET /v1/keys, DELETE /v1/keys/{id}: operator routes (the gate checks the scope)."""
     from fastapi.responses import JSONResponse
     from pydantic import ValidationError
-    from skulk_kernel.api import PluginDataSet
+    from skulk_kernel.api import CommandId, SetPluginData, new_id
 
+    from .outcomes import outcome_error
     from .routes import error, json_body
+
+    def _set_key(key_id: str, value: dict[str, Any] | None) -> SetPluginData:
+        return SetPluginData(command_id=CommandId(new_id()), plugin=PLUGIN_DATA, entries=((key_id, value),))
 
     def view(record: KeyRecord) -> dict[str, Any]:
         return {
@@ -280,11 +284,9 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
             sha256=hash_key(key),
             created_at=time.time(),
         )
-        await node.emit(PluginDataSet(plugin=PLUGIN_DATA, key=key_id, value=record.model_dump()))
-        try:
-            await node.wait_for(lambda s: key_id in s.plugin_data.get(PLUGIN_DATA, {}), 10)
-        except TimeoutError:
-            return error(503, "the master did not record the key in 10 s (is there a master?)", "no_master")
+        outcome = await node.submit(_set_key(key_id, record.model_dump()))
+        if (failure := outcome_error(outcome)) is not None:
+            return failure
         log.warning("API key %s (%s, scope %s) created", key_id, wanted.name, wanted.scope)
         return {**view(record), "key": key, "note": "shown once: store it now"}
 
@@ -297,11 +299,8 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
         record = keys.records().get(key_id) or next((r for r in keys.records().values() if r.name == key_id), None)
         if record is None:
             return error(404, f"no API key {key_id!r} (skulk-kernel keys list)", "key_not_found", "key_id")
-        await node.emit(PluginDataSet(plugin=PLUGIN_DATA, key=record.id, value=None))
-        try:
-            await node.wait_for(lambda s: record.id not in s.plugin_data.get(PLUGIN_DATA, {}), 10)
-        except TimeoutError:
-            return error(503, "the master did not record the revocation in 10 s", "no_master")
+        if (failure := outcome_error(await node.submit(_set_key(record.id, None)))) is not None:
+            return failure
         log.warning("API key %s (%s) revoked", record.id, record.name)
         return {"revoked": record.id, "name": record.name}
 
@@ -309,12 +308,10 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
 def install_auth(app: Any, node: NodeSurface) -> None:
     """The one call build_app makes: hardening, key routes and the gate, outermost."""
     from .hardening import Hardening
-    from .quota import QuotaMeter
+    from .quota import meter_for
 
     config = node.plugin_config("api-control") or ApiControlConfig()
-    meter = node.extensions.get("api-control.quota")
-    if meter is None:
-        meter = node.extensions["api-control.quota"] = QuotaMeter(node)
+    meter = meter_for(node)
     gate_keys = KeyRing(node)
     add_key_routes(app, node, gate_keys, meter)
     app.add_middleware(Hardening, config=config)  # inner: runs after the gate let the request in

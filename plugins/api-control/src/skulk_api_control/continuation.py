@@ -34,6 +34,7 @@ from skulk_kernel.api import (
     CommandId,
     ErrorChunk,
     NodeSurface,
+    ServiceKey,
     TextGeneration,
     TextGenerationParams,
     TokenChunk,
@@ -44,7 +45,6 @@ from skulk_kernel.api import (
 from .routing import InstanceRouter
 
 log = logging.getLogger("skulk.resume")
-EXTENSION = "api-control.resumes"
 #: stream errors that mean "this instance is gone", not "this request is wrong"
 RESUMABLE_CODES = frozenset({"node_gone", "runner_crashed", "instance_gone"})
 
@@ -73,10 +73,13 @@ class ResumeStats:
         }
 
 
+RESUMES: ServiceKey[ResumeStats] = ServiceKey("api-control.resumes")
+
+
 def stats_for(node: NodeSurface) -> ResumeStats:
-    stats = node.extensions.get(EXTENSION)
+    stats = node.services.get(RESUMES)
     if stats is None:
-        stats = node.extensions[EXTENSION] = ResumeStats()
+        stats = node.services.publish(RESUMES, ResumeStats())
     return stats
 
 
@@ -253,7 +256,7 @@ class Resumer:
         """The failed attempt's stream is done with: free it (the task is cancelled if it lingers)."""
         self.node.streams.close(command_id)
         self.router.finished(command_id)
-        await self.node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=CommandId(command_id)))
+        await self.node.post(CancelTask(command_id=CommandId(new_id()), task_command_id=CommandId(command_id)))
 
     def release(self) -> None:
         for command_id in self.commands:

@@ -22,6 +22,7 @@ from skulk_kernel.api import (
     InstanceId,
     NodeSurface,
     Request,
+    ServiceKey,
     TextEmbedding,
     TextGeneration,
     TextGenerationParams,
@@ -150,7 +151,7 @@ class InferenceHandle:
         if not self.finished:
             self.finished = True
             live = self.live_id or self.command_id
-            await self.node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=live))
+            await self.node.post(CancelTask(command_id=CommandId(new_id()), task_command_id=live))
 
     async def close(self) -> None:
         """Always called (idempotent): cancels an unfinished task (client gone), frees the stream."""
@@ -161,7 +162,7 @@ class InferenceHandle:
         if not self.finished:
             await self.cancel()
         else:
-            await self.node.submit(FinishTask(command_id=CommandId(new_id()), task_command_id=live))
+            await self.node.post(FinishTask(command_id=CommandId(new_id()), task_command_id=live))
         self.node.streams.close(live)
         if self.resumer is not None:
             self.resumer.release()
@@ -200,17 +201,17 @@ async def start(
     iterator = stream.__aiter__()
     beside: asyncio.Task[None] | None = None
     try:
-        await node.submit(command)
+        await node.post(command)
         if while_waiting is not None:
             beside = asyncio.ensure_future(while_waiting())
         first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
     except (TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
-        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        await node.post(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise InferenceError(504, "the model produced no output in time", error_type="timeout") from None
     except BaseException:
         node.streams.close(command.command_id)
-        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
+        await node.post(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
         raise
     finally:
         if beside is not None and not beside.done():
@@ -240,16 +241,20 @@ ModelServer = Callable[[TextGeneration], Awaitable[None]]
 """A plugin that answers a model id itself: it feeds the command's stream (`node.send_chunk` to this
 node) with the same chunks an instance would, ending with a terminal chunk; an ErrorChunk first
 (e.g. code `instance_not_ready`) becomes the adapter's early HTTP error."""
+SERVED_MODELS: ServiceKey[dict[str, ModelServer]] = ServiceKey("api-control.served-models")  # by lowercased ref
 
 
 def serve_model(node: NodeSurface, model_ref: str, server: ModelServer) -> None:
     """Answer `model_ref` on every chat API of this node with `server` (the steward's `skulk/steward`)
     instead of a placed instance; the adapters, streaming and errors stay the API host's."""
-    node.extensions.setdefault("api-control.served-models", {})[model_ref.strip().lower()] = server
+    served = node.services.get(SERVED_MODELS)
+    if served is None:
+        served = node.services.publish(SERVED_MODELS, {})
+    served[model_ref.strip().lower()] = server
 
 
 def _served(node: NodeSurface, model_ref: str) -> ModelServer | None:
-    served = node.extensions.get("api-control.served-models") or {}
+    served = node.services.get(SERVED_MODELS) or {}
     found = served.get(model_ref.strip().lower())
     return found if callable(found) else None
 

@@ -6,8 +6,8 @@ model_card}` from /place_instance) so tools written for it work here.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import logging
 from collections import deque
 from typing import Any
 
@@ -29,12 +29,16 @@ from skulk_kernel.api import (
     plan_placement,
     resolve_card,
 )
+from skulk_worker import WORKER
 
 from .continuation import stats_for
+from .outcomes import outcome_error
+from .plugin import EVENTS
 from .reference_wire import from_reference, instance_meta_error, to_reference
 from .routing import router_for
 from .state_view import master_log_status, state_view
 
+log = logging.getLogger("skulk.api")
 RECENT_EVENTS = 2000
 _INSTANCE = TypeAdapter(Instance)
 
@@ -56,7 +60,8 @@ def error(status: int, message: str, code: str | None = None, param: str | None 
 
 
 MAX_REPLICAS = 16
-PLACE_CONFIRM_S = 15.0  # how long /place_instance waits for the master to index the new instances
+PLACE_CONFIRM_S = 15.0  # how long /place_instance waits for each placement's outcome
+DELETE_CONFIRM_S = 15.0
 
 
 class RecentEvents:
@@ -98,7 +103,9 @@ async def json_body(request: Request) -> dict[str, Any] | JSONResponse:
 
 
 def add_control_routes(app: Any, node: NodeSurface) -> None:
-    recent = node.extensions.setdefault("api-control.events", RecentEvents())
+    recent = node.services.get(EVENTS)
+    if recent is None:
+        recent = node.services.publish(EVENTS, RecentEvents())
 
     @app.get("/node_id")
     async def node_id() -> str:
@@ -119,29 +126,6 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         except PlacementError as exc:
             return None, error(503 if exc.retryable else 400, exc.message, code=exc.kind)
 
-    async def _submit_confirmed(commands: list[PlaceInstance]) -> bool:
-        """Submit placements until the master has indexed each one (True) or PLACE_CONFIRM_S passed.
-
-        A command published while no master is active (just after start, or during an election) is
-        lost; a placement is idempotent by its command id (the instance id), so sending it again is safe.
-        """
-        wanted = {c.command_id for c in commands}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PLACE_CONFIRM_S
-        while loop.time() < deadline:
-            if node.master_id is None:
-                await asyncio.sleep(0.2)
-                continue
-            for each in commands:
-                if each.command_id not in node.state.instances:
-                    await node.submit(each)
-            try:
-                await node.wait_for(lambda s: wanted <= set(s.instances), min(3.0, max(0.1, deadline - loop.time())))
-                return True
-            except TimeoutError:
-                continue
-        return False
-
     @app.post("/place_instance")
     async def place_instance(request: Request) -> Any:
         body = await json_body(request)
@@ -159,28 +143,24 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             return error(400, message, "invalid_placement", where)
         except ValueError as exc:
             return error(400, str(exc), "invalid_instance_meta", "instance_meta")
-        _instance, failure = await _preview(command)
-        if failure is not None:
-            return failure
         card = resolve_card(node, command.model_id)
-        if card is None:  # the preview resolved it a moment ago: the catalog changed under us
-            return error(404, f"model {command.model_id!r} is not in the catalog", "model_not_found", "model_id")
-        command = command.model_copy(update={"model_id": card.model_id})
+        if card is not None:  # the master resolves it too, and refuses what its catalog lacks
+            command = command.model_copy(update={"model_id": card.model_id})
         # each replica is its own placement; the master sequences them and the planner puts each
         # on a node that does not serve the model yet where one fits (planner.replicas_by_node)
         commands = [command, *(command.model_copy(update={"command_id": new_id()}) for _ in range(replicas - 1))]
-        if not await _submit_confirmed(commands):
-            return error(
-                503,
-                "the master did not confirm the placement in time (is a master elected? see /state); retry",
-                "not_confirmed",
-            )
+        for placed, each in enumerate(commands):
+            failure = outcome_error(await node.submit(each, PLACE_CONFIRM_S))
+            if failure is not None:
+                if placed:
+                    log.warning("placed %d of %d replicas of %s before a refusal", placed, replicas, command.model_id)
+                return failure
         return {
-            "message": f"placing {card.model_id}" + (f" ({replicas} replicas)" if replicas > 1 else ""),
+            "message": f"placing {command.model_id}" + (f" ({replicas} replicas)" if replicas > 1 else ""),
             "command_id": command.command_id,
             "instance_id": command.command_id,
             "instance_ids": [c.command_id for c in commands],
-            "model_card": card.wire(),
+            "model_card": card.wire() if card is not None else None,
         }
 
     @app.post("/instance")
@@ -194,8 +174,9 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             message, where = _validation_message(exc)
             return error(400, f"instance: {message}", "invalid_instance", where)
         command = CreateInstance(command_id=CommandId(new_id()), instance=instance)
-        await node.submit(command)
-        return {"message": "instance submitted", "command_id": command.command_id, "instance_id": instance.instance_id}
+        if (failure := outcome_error(await node.submit(command))) is not None:
+            return failure
+        return {"message": "instance created", "command_id": command.command_id, "instance_id": instance.instance_id}
 
     def _previews_for(model_id: str, excluded: tuple[str, ...]) -> list[dict[str, Any]]:
         out = []
@@ -271,11 +252,8 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         if instance_id not in node.state.instances:
             return error(404, f"no instance {instance_id!r} (GET /state lists them)", "instance_not_found")
         command = DeleteInstance(command_id=CommandId(new_id()), instance_id=instance_id)
-        await node.submit(command)
-        try:
-            await node.wait_for(lambda s: instance_id not in s.instances, 15)
-        except TimeoutError:
-            return error(503, "the master did not confirm the deletion in time; retry", "not_confirmed")
+        if (failure := outcome_error(await node.submit(command, DELETE_CONFIRM_S))) is not None:
+            return failure
         return {
             "message": f"deleted instance {instance_id}",
             "command_id": command.command_id,
@@ -287,7 +265,9 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         known = command_id in node.state.tasks or command_id in node.streams.open_ids()
         if not known:
             return error(404, f"no running request with command id {command_id!r}", "command_not_found")
-        await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command_id))
+        outcome = await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command_id))
+        if (failure := outcome_error(outcome)) is not None:
+            return failure
         return {"message": "cancel requested", "command_id": command_id}
 
     @app.get("/v1/tracing")
@@ -301,9 +281,10 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             return body
         if not isinstance(body.get("enabled"), bool):
             return error(400, 'body must be {"enabled": true|false}', param="enabled")
-        await node.submit(SetTracingEnabled(command_id=CommandId(new_id()), enabled=body["enabled"]))
-        await node.wait_for(lambda s: s.tracing_enabled == body["enabled"], 10)
-        return {"enabled": body["enabled"]}
+        outcome = await node.submit(SetTracingEnabled(command_id=CommandId(new_id()), enabled=body["enabled"]))
+        if (failure := outcome_error(outcome)) is not None:
+            return failure
+        return {"enabled": node.state.tracing_enabled}
 
     @app.get("/v1/diagnostics/cluster")
     async def cluster_diagnostics(request: Request) -> dict[str, Any]:
@@ -351,7 +332,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
 
     @app.get("/v1/diagnostics/node")
     async def diagnostics() -> dict[str, Any]:
-        worker = node.extensions.get("worker")
+        worker = node.services.get(WORKER)
         log_status = master_log_status(node)
         return {
             "runtime": node.runtime_info(),

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from skulk_kernel.api import (
+    AnsweredCommands,
     CommandId,
     Decision,
     DecisionView,
@@ -35,6 +36,8 @@ from skulk_kernel.api import (
     NodeId,
     NodeJoined,
     NodeSurface,
+    Outcome,
+    OutcomeStatus,
     Park,
     PlaceInstance,
     Request,
@@ -73,6 +76,7 @@ class Master:
         self._retries: dict[str, tuple[float, PlaceInstance]] = {}  # model id -> re-placement waiting for room
         self._defaults_placed = False
         self._event_log: EventLog | None = None
+        self._answered = AnsweredCommands()  # this session's outcomes, by command id
         planner = next(iter(node.planners.values()), None)
         if isinstance(planner, MemoryPlanner):
             planner.overhead = config.memory_overhead
@@ -171,6 +175,7 @@ class Master:
         self.event_log.rebase(self.state.last_event_applied_idx, self.state.wire())
         self._defaults_placed = False  # judged against this session's State, not a previous one
         self._parked.clear()
+        self._answered.clear()
         self.active = True
         log.info("master session begins at event %d", self.state.last_event_applied_idx)
         await self.carry_out(decide_session_start(self.state, self.view()), self.node.node_id)
@@ -218,18 +223,41 @@ class Master:
             log.warning("dropping a command from %s that claims to come from %s", sender, forwarded.origin)
             return
         command = forwarded.command
+        answered = self._answered.get(command.command_id)
+        if answered is None:
+            answered = await self._decide_command(command, forwarded.origin)
+            self._answered.remember(answered)
+        await self.node.send_outcome(forwarded.origin, answered)
+
+    async def _decide_command(self, command: Any, origin: str) -> Outcome:
+        """Decide and carry out a command seen for the first time this session; say what became of it."""
         veto = self.node.hooks.call("check_command", firstresult=True, command=command, state=self.state)
         if veto:
             log.warning("command %s refused: %s", type(command).__name__, veto[0])
             await self._refuse(command, str(veto[0]))
-            return
+            return self._outcome(command, "refused", reason=str(veto[0]), kind="vetoed")
         try:
             decision = decide(self.state, command, self.view())
         except Exception as exc:
             log.exception("deciding about command %s failed", type(command).__name__)
             await self._refuse(command, f"{type(exc).__name__}: {exc}")
-            return
-        await self.carry_out(decision, forwarded.origin)
+            return self._outcome(command, "refused", reason=f"the master failed to decide: {exc}", kind="internal")
+        await self.carry_out(decision, origin)
+        if decision.refusal is not None:
+            refusal = decision.refusal
+            return self._outcome(
+                command, "refused", reason=refusal.reason, kind=refusal.kind, retryable=refusal.retryable
+            )
+        return self._outcome(command, "indexed", events=len(decision.events))
+
+    def _outcome(self, command: Any, status: OutcomeStatus, **fields: Any) -> Outcome:
+        return Outcome(
+            command_id=command.command_id,
+            status=status,
+            event_idx=self.state.last_event_applied_idx,
+            master_id=NodeId(self.node.node_id),
+            **fields,
+        )
 
     async def _refuse(self, command: Any, reason: str) -> None:
         if isinstance(command, Request):  # a request's owner waits for an answer

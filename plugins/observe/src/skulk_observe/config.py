@@ -1,7 +1,7 @@
 """Cluster-wide settings (`GET/PUT /config`), replicated through State.
 
-A PUT on any node reports one `PluginDataSet{plugin="observe", key="config.<name>"}` per setting
-to the master, which indexes it like any event: every node applies it in order, a late joiner gets
+A PUT on any node submits one `SetPluginData` command to the master, which indexes one
+`PluginDataSet{plugin="observe", key="config.<name>"}` per setting: every node applies it in order, a late joiner gets
 it in its snapshot, and a new master already holds it (it is in every node's State), so settings
 survive a failover with nothing extra to do.
 
@@ -21,7 +21,7 @@ import re
 import time
 from typing import Any
 
-from skulk_kernel.api import NodeSurface, PluginDataSet
+from skulk_kernel.api import CommandId, NodeSurface, PluginDataSet, SetPluginData, new_id
 
 from . import PLUGIN
 
@@ -141,9 +141,9 @@ def events_for(node: NodeSurface, body: dict[str, Any]) -> list[PluginDataSet]:
     ]
 
 
-def applied(state: Any, events: list[PluginDataSet]) -> bool:
-    data = state.plugin_data.get(PLUGIN, {})
-    return all(data.get(e.key) == e.value for e in events)
+def command_for(events: list[PluginDataSet]) -> SetPluginData:
+    """The one command that sets them all (the master answers it with an outcome)."""
+    return SetPluginData(command_id=CommandId(new_id()), plugin=PLUGIN, entries=tuple((e.key, e.value) for e in events))
 
 
 def apply_effects(node: NodeSurface, observer: Any) -> None:

@@ -9,9 +9,10 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from skulk_api_control.outcomes import outcome_error
 from skulk_kernel.api import NodeSurface
 
-from . import PLUGIN
+from . import OBSERVER
 from . import config as cluster_config
 from . import diagnostics as diag
 
@@ -37,7 +38,7 @@ def _headers(request: Request) -> dict[str, str]:
 
 def add_observe_routes(app: Any, node: NodeSurface) -> None:
     def observer() -> Any:
-        return node.extensions.get(PLUGIN)
+        return node.services.get(OBSERVER)
 
     # ------------------------------------------------------------------ traces
 
@@ -128,12 +129,9 @@ def add_observe_routes(app: Any, node: NodeSurface) -> None:
             events = await asyncio.to_thread(cluster_config.events_for, node, body)
         except cluster_config.ConfigError as exc:
             return error(400, exc.message, "invalid_setting", exc.name or None)
-        for event in events:
-            await node.emit(event)
-        try:
-            await node.wait_for(lambda s: cluster_config.applied(s, events), 10)
-        except TimeoutError:
-            return error(503, "the master did not confirm the change in time (is a master elected?); retry")
+        outcome = await node.submit(cluster_config.command_for(events))
+        if (failure := outcome_error(outcome)) is not None:
+            return failure
         return cluster_config.public_view(node)
 
     # ------------------------------------------------------------------ metrics

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from skulk_kernel.api import (
+    HOLD_S,
     ChatMessage,
     CommandId,
     DeleteInstance,
@@ -47,7 +48,7 @@ class StewardService:
     def __init__(self, node: NodeSurface, config: StewardConfig) -> None:
         self.node = node
         self.config = config
-        self.placing_until = 0.0  # monotonic: a placement is in flight, do not submit another
+        self.placing_until = 0.0  # monotonic: a placement without an outcome is still being delivered
         self.dispatched: set[str] = set()  # proposals this master session dispatched itself
         self.next_canary = time.monotonic() + 5.0
         self.canary_failures = 0
@@ -190,11 +191,15 @@ class StewardService:
             if isinstance(command, PlaceInstance):
                 if time.monotonic() < self.placing_until:
                     continue
-                self.placing_until = time.monotonic() + 15.0
                 log.info("steward: placing %s", command.model_id)
             else:
                 log.info("steward: %s (a lost or duplicate steward)", type(command).__name__)
-            await self.node.submit(command)
+            outcome = await self.node.submit(command)
+            if outcome.status == "refused":
+                log.warning("steward: %s refused: %s", type(command).__name__, outcome.reason)
+            elif not outcome.ok and isinstance(command, PlaceInstance):
+                # still being delivered under its id: placing another now could place two
+                self.placing_until = time.monotonic() + HOLD_S
         if not any(isinstance(c, PlaceInstance) for c in planned.commands):
             self.placing_until = 0.0  # a steward exists (or none fits): the next loss places at once
 

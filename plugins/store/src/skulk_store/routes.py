@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from skulk_api_control.outcomes import outcome_error
 from skulk_kernel.api import (
     AddCustomModelCard,
     CommandId,
@@ -26,6 +27,8 @@ from skulk_kernel.api import (
     new_id,
 )
 
+from .plugin import STORE, STORE_SERVICE
+
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
     return JSONResponse(
@@ -36,7 +39,7 @@ def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
 
 
 def model_entry(node: NodeSurface, card: Any) -> dict[str, Any]:
-    store = node.extensions.get("store")
+    store = node.services.get(STORE)
     placed = [i.instance_id for i in node.state.instances.values() if i.shard_assignments.model_id == card.model_id]
     installed = (
         bool(store and store.local_path(card.model_id)) or card.sections.get("source", {}).get("kind") == "local"
@@ -73,23 +76,8 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
         return {"object": "list", "data": [model_entry(node, card) for card in catalog(node).values()]}
 
     async def confirm(card: ModelCard) -> JSONResponse | None:
-        """Send the card until the master has it in State (a command sent while no master is active,
-        just after start or during an election, is lost; adding the same card again is harmless)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while loop.time() < deadline:
-            if node.master_id is None:
-                await asyncio.sleep(0.2)
-                continue
-            await node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card))
-            try:
-                await node.wait_for(lambda s: s.custom_model_cards.get(card.model_id) == card, 3)
-                return None
-            except TimeoutError:
-                continue
-        return _error(
-            503, "the master did not confirm the card in time (is a master elected? see /state); retry", "not_confirmed"
-        )
+        """Add the card through the master: None once indexed, else the error that says why not."""
+        return outcome_error(await node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card), 15))
 
     @app.post("/models/add")
     async def add_model(request: Request) -> Any:
@@ -99,7 +87,7 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
             body = None
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object", "invalid_json")
-        store = node.extensions.get("store")
+        store = node.services.get(STORE)
         if store is None:
             return _error(400, "this node has no model store plugin")
         model_id = body.get("model_id")
@@ -151,7 +139,7 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
             return _error(400, str(exc), "hub_refused")
         if (refused := await confirm(card)) is not None:
             return refused
-        service = node.extensions.get("store-service")
+        service = node.services.get(STORE_SERVICE)
         started = bool(body.get("download", True)) and service is not None
         if started and service is not None:
             service.download_in_background(card.model_id)
@@ -222,6 +210,7 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
     async def delete_custom(model_id: str) -> Any:
         if model_id not in node.state.custom_model_cards:
             return _error(404, f"{model_id!r} is not a custom model card (GET /models lists them)", "model_not_found")
-        await node.submit(DeleteCustomModelCard(command_id=CommandId(new_id()), model_id=ModelId(model_id)))
-        await node.wait_for(lambda s: model_id not in s.custom_model_cards, 10)
+        outcome = await node.submit(DeleteCustomModelCard(command_id=CommandId(new_id()), model_id=ModelId(model_id)))
+        if (failure := outcome_error(outcome)) is not None:
+            return failure
         return {"message": f"deleted custom card {model_id}"}

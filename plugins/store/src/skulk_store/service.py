@@ -9,7 +9,6 @@ hub downloads for `/models/add` in the background.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from typing import Any
 
@@ -32,10 +31,11 @@ from skulk_kernel.api import (
 
 from .custom_cards import CustomCardFiles
 from .downloads import DownloadCancelled
+from .plugin import STORE_PEER
 from .store import LocalModelStore
 
 log = logging.getLogger("skulk.store.service")
-RESTORE_ATTEMPTS = 20
+RESTORE_WAIT_S = 30.0  # a node restarted alone may wait for its election before the master exists
 REPUBLISH_S = 3.0
 
 
@@ -61,7 +61,7 @@ class StoreService:
 
         self.peer_server = PeerServer(self.node, self.store)
         self.peer_server.start(self.node.options.api_host)
-        self.node.extensions["store-peer"] = self.peer_server
+        self.node.services.publish(STORE_PEER, self.peer_server)
         self.fetcher = PeerFetcher(self.node, self._loop)
         store = self.store
         store.fetchers.append(lambda card, staging, progress: self.fetcher(card, staging, progress, store))
@@ -195,25 +195,18 @@ class StoreService:
         saved = self.cards.load()
         if not saved:
             return
-        for _attempt in range(RESTORE_ATTEMPTS):
-            if self.node.stopping:
-                return
-            if self.node.master_id is None:
-                await asyncio.sleep(0.5)
-                continue
-            present: dict[str, ModelCard] = dict(self.node.state.custom_model_cards.items())
-            missing = [c for mid, c in saved.items() if present.get(mid) != c]
-            if not missing:
-                return
-            for card in missing:
-                await self.node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card))
-            try:
-                await self.node.wait_for(functools.partial(_holds, cards=missing), 3)
+        present: dict[str, ModelCard] = dict(self.node.state.custom_model_cards.items())
+        missing = [c for mid, c in saved.items() if present.get(mid) != c]
+        outcomes = [
+            await self.node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card), RESTORE_WAIT_S)
+            for card in missing
+        ]
+        if all(o.ok for o in outcomes):
+            if missing:
                 log.info("restored %d custom card(s) from %s", len(missing), self.cards.folder)
-                return
-            except TimeoutError:
-                continue
-        log.warning("could not restore custom cards %s: no master confirmed them", sorted(saved))
+            return
+        failed = [o.reason for o in outcomes if not o.ok]
+        log.warning("could not restore custom cards %s: %s", sorted(saved), failed[0])
 
     def on_event(self, event: IndexedEvent) -> None:
         inner = event.event
@@ -224,11 +217,6 @@ class StoreService:
 
     def on_synced(self, after: State) -> None:
         self.cards.mirror(dict(after.custom_model_cards.items()))
-
-
-def _holds(state: State, cards: list[ModelCard]) -> bool:
-    present: dict[str, ModelCard] = dict(state.custom_model_cards.items())
-    return all(present.get(c.model_id) == c for c in cards)
 
 
 def _with_card(lookup: Any, card: ModelCard) -> Any:
