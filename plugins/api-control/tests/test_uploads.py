@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from skulk_api_control import uploads
-from skulk_kernel.api import AudioChunk, CommandId, ErrorChunk, MediaChunk, StreamRouter
+from skulk_kernel.api import AudioChunk, CommandId, ErrorChunk, MediaChunk, Services, StreamRouter
 from skulk_kernel.events import InstanceDeleted, TaskDeleted
 
 PIECE = uploads.PIECE_BYTES
@@ -66,13 +66,13 @@ def _instance(*nodes: str) -> Any:
 
 
 class _Node:
-    """Just enough of a NodeSurface: its id, State, stream router, spawned tasks, extensions."""
+    """Just enough of a NodeSurface: its id, State, stream router, spawned tasks, services."""
 
     def __init__(self, *runner_nodes: str, tasks: dict[str, Any] | None = None) -> None:
         self.node_id = "n1"
         self.state = SimpleNamespace(instances={"i1": _instance(*runner_nodes)}, tasks=tasks or {})
         self.streams = StreamRouter(idle_timeout=5)
-        self.extensions: dict[str, Any] = {}
+        self.services = Services()
         self.spawned: list[asyncio.Task[Any]] = []
         self.sent: list[tuple[str, Any]] = []
 
@@ -243,6 +243,6 @@ async def test_one_shared_receiver_per_node_follows_forwarded_events_until_close
     uploads.forward_event(BLOB, node, InstanceDeleted(instance_id="i1"))  # type: ignore[arg-type]
     uploads.close_receiver(BLOB, node)  # type: ignore[arg-type]
     await asyncio.gather(*node.spawned, return_exceptions=True)
-    assert all(t.cancelled() for t in node.spawned) and node.extensions == {} and node.streams.open_ids() == []
+    assert all(t.cancelled() for t in node.spawned) and len(node.services) == 0 and node.streams.open_ids() == []
     uploads.forward_event(BLOB, node, TaskCreated(BlobTask("ab", 10, task_id="t3")))  # type: ignore[arg-type]
     assert len(node.spawned) == 2  # closed: nothing follows the events any more

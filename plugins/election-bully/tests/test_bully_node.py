@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from skulk_election_bully import ELECTION
 from skulk_election_bully.election import BullyElection
 from skulk_testing.conformance import ElectionConformance, PluginConformance
 from skulk_testing.nodes import in_process_node
@@ -31,7 +32,7 @@ async def test_an_in_process_node_on_the_local_transport_elects_itself(tmp_path:
         started = time.monotonic()  # the node has started, so has its election
         election = next(iter(node.elections.values()))
         assert isinstance(election, BullyElection)
-        assert node.extensions["election-bully"] is election
+        assert node.services.get(ELECTION) is election
         deadline = time.monotonic() + 3.0
         while not node.is_master:
             assert time.monotonic() < deadline, f"no self-election: {election.diagnostics()}"

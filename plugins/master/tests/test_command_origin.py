@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from skulk_kernel.api import AddCustomModelCard, CommandId, ForwardedCommand, ModelCard, ModelId, NodeId, codec
+from skulk_master import MASTER
 from skulk_testing.nodes import in_process_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,7 +30,7 @@ async def test_a_command_claiming_another_origin_is_dropped(tmp_path: Path) -> N
         while not node.is_master:
             assert time.monotonic() < deadline, "the lone node never became master"
             await asyncio.sleep(0.05)
-        master = node.extensions["master"]
+        master = node.services.require(MASTER)
         await master._on_command(node.node_id, _card_command("forged", origin="someone-else"))
         await master._on_command(node.node_id, _card_command("honest", origin=node.node_id))
         cards = master.state.custom_model_cards

@@ -14,14 +14,15 @@ from skulk_kernel.api import (
     ErrorChunk,
     PluginDataSet,
     ReadingStore,
+    Services,
     State,
     TextGeneration,
     TextGenerationParams,
     TokenChunk,
     Usage,
 )
+from skulk_observe import OBSERVER, record_phase, record_span, tracing_on
 from skulk_observe import config as cfg
-from skulk_observe import record_phase, record_span, tracing_on
 from skulk_observe.cluster import mismatches
 from skulk_observe.envelopes import Envelope, EnvelopeBook
 from skulk_observe.middleware import ObserveMiddleware
@@ -41,8 +42,10 @@ def _span(name: str, node: str, start: int, end: int | None = None, trace: str =
 
 
 def _node(tracing: bool = True) -> Any:
-    node = SimpleNamespace(node_id="n1", state=State(tracing_enabled=tracing), extensions={}, readings=ReadingStore())
-    node.extensions["observe"] = Observer(node, ObserveConfig())  # type: ignore[arg-type]
+    node = SimpleNamespace(
+        node_id="n1", state=State(tracing_enabled=tracing), services=Services(), readings=ReadingStore()
+    )
+    node.services.publish(OBSERVER, Observer(node, ObserveConfig()))  # type: ignore[arg-type]
     return node
 
 
@@ -69,7 +72,7 @@ def test_well_known_span_ids_are_shared_and_parents_resolve() -> None:
     node = _node()
     record_span(node, "c1", "worker.task", 1, 5, parent=None, span_id="worker.task")
     record_span(node, "c1", "runner.prefill", 2, 3, parent="worker.task")
-    spans = {s.name: s for s in node.extensions["observe"].traces.get("c1")}
+    spans = {s.name: s for s in node.services.require(OBSERVER).traces.get("c1")}
     assert spans["worker.task"].span_id == span_id("c1", "worker.task")
     assert spans["worker.task"].parent_id == span_id("c1", "api.request")  # no parent given: the root
     assert spans["runner.prefill"].parent_id == spans["worker.task"].span_id
@@ -79,8 +82,8 @@ def test_nothing_is_recorded_with_tracing_off_or_without_the_plugin() -> None:
     node = _node(tracing=False)
     assert not tracing_on(node)
     record_span(node, "c1", "worker.task", 1, 2)
-    assert node.extensions["observe"].traces.trace_ids() == []
-    bare = SimpleNamespace(state=State(tracing_enabled=True), extensions={})
+    assert node.services.require(OBSERVER).traces.trace_ids() == []
+    bare = SimpleNamespace(state=State(tracing_enabled=True), services=Services())
     record_span(bare, "c1", "worker.task", 1, 2)  # type: ignore[arg-type]
     record_phase(bare, "r1", "prefill")  # type: ignore[arg-type]
     assert not tracing_on(bare)  # type: ignore[arg-type]
@@ -227,12 +230,12 @@ def test_middleware_records_api_spans_only_when_traced() -> None:
     mw.observe(cmd, TokenChunk(command_id="c1", seq=1, text="b"))
     done = TokenChunk(command_id="c1", seq=2, text="", finish_reason="stop", usage=Usage(completion_tokens=2))
     mw.observe(cmd, done)
-    names = [s.name for s in node.extensions["observe"].traces.get("c1")]
+    names = [s.name for s in node.services.require(OBSERVER).traces.get("c1")]
     assert names == ["api.dispatch", "data_plane.receive", "data_plane.receive", "api.stream_end", "api.request"]
-    assert "c1" not in node.extensions["observe"].requests
+    assert "c1" not in node.services.require(OBSERVER).requests
 
     node.state = State(tracing_enabled=False)
     cmd = mw.transform(_command("c2"))
     mw.observe(cmd, ErrorChunk(command_id="c2", seq=0, message="boom"))
-    assert node.extensions["observe"].traces.get("c2") == []
-    assert "c2" not in node.extensions["observe"].requests
+    assert node.services.require(OBSERVER).traces.get("c2") == []
+    assert "c2" not in node.services.require(OBSERVER).requests

@@ -6,12 +6,20 @@ the node's event loop so routes can use the node's services directly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import NodeSurface, ServiceKey
 
 from .security_hooks import register_cli_commands, register_config, wrap_inference  # noqa: F401
+
+if TYPE_CHECKING:  # both pull in fastapi/uvicorn, which this module leaves to start-up
+    from .routes import RecentEvents
+    from .server import ApiServer
+
+# api-control's own per-node objects (private: no other plugin reads them)
+SERVER: ServiceKey[ApiServer] = ServiceKey("api-control.server")
+EVENTS: ServiceKey[RecentEvents] = ServiceKey("api-control.events")
 
 
 @hookimpl
@@ -32,7 +40,7 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: Any) -> None:
-    recent = node.extensions.get("api-control.events")
+    recent = node.services.get(EVENTS)
     if recent is not None:
         recent.events.append(event)
 
@@ -44,7 +52,7 @@ async def startup(node: NodeSurface) -> None:
     from .server import serve
 
     try:
-        node.extensions["api-control.server"] = await serve(node)
+        node.services.publish(SERVER, await serve(node))
     except RuntimeError as exc:
         # A node that was asked to serve HTTP and cannot is not what the operator wanted.
         node.fail(str(exc))
@@ -52,6 +60,6 @@ async def startup(node: NodeSurface) -> None:
 
 @hookimpl
 async def shutdown(node: NodeSurface) -> None:
-    server = node.extensions.pop("api-control.server", None)
+    server = node.services.withdraw(SERVER)
     if server is not None:
         await server.stop()

@@ -20,7 +20,7 @@ import time
 from collections import defaultdict, deque
 from typing import Any
 
-from skulk_kernel.api import Chunk, Command, ErrorChunk, NodeSurface, TokenChunk, Topic
+from skulk_kernel.api import Chunk, Command, ErrorChunk, NodeSurface, ServiceKey, TokenChunk, Topic
 
 from .auth import PLUGIN_DATA, KeyRecord, current_key
 
@@ -28,6 +28,15 @@ log = logging.getLogger("skulk.api.quota")
 WINDOW_S = 60
 GOSSIP_INTERVAL_S = 1.0
 PEER_STALE_S = 5.0
+QUOTA: ServiceKey[QuotaMeter] = ServiceKey("api-control.quota")
+
+
+def meter_for(node: NodeSurface) -> QuotaMeter:
+    """The node's one quota meter, made on first use (by the key routes or the middleware hook)."""
+    meter = node.services.get(QUOTA)
+    if meter is None:
+        meter = node.services.publish(QUOTA, QuotaMeter(node))
+    return meter
 
 
 class QuotaMeter:

@@ -21,9 +21,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from skulk_kernel.api import TERMINAL_TASK_STATUSES, ChatMessage, NodeSurface, instance_ready
+from skulk_kernel.api import TERMINAL_TASK_STATUSES, ChatMessage, NodeSurface, ServiceKey, instance_ready
 
-EXTENSION = "api-control.router"
 MAX_PREFIXES = 4096
 
 
@@ -129,13 +128,16 @@ class InstanceRouter:
         }
 
 
+ROUTER: ServiceKey[InstanceRouter] = ServiceKey("api-control.router")
+
+
 def router_for(node: NodeSurface) -> InstanceRouter:
     """This node's router, made on first use from `[plugins.api-control]`."""
-    router = node.extensions.get(EXTENSION)
+    router = node.services.get(ROUTER)
     if router is None:
         config = node.plugin_config("api-control")
         router = InstanceRouter(
             affinity=getattr(config, "prefix_affinity", True), affinity_slack=getattr(config, "affinity_slack", 1)
         )
-        node.extensions[EXTENSION] = router
+        node.services.publish(ROUTER, router)
     return router

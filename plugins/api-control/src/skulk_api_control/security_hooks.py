@@ -20,12 +20,9 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 @hookimpl
 def wrap_inference(node: NodeSurface) -> Any:
     """The quota meter counts each key's served tokens (InferenceMiddleware.observe)."""
-    from .quota import QuotaMeter
+    from .quota import meter_for
 
-    meter = node.extensions.get("api-control.quota")
-    if meter is None:
-        meter = node.extensions["api-control.quota"] = QuotaMeter(node)
-    return meter
+    return meter_for(node)
 
 
 @hookimpl

@@ -19,6 +19,7 @@ from skulk_kernel.api import (
     NodeSurface,
     NodeSystem,
 )
+from skulk_master import MASTER
 
 from .reference_wire import to_reference
 
@@ -32,7 +33,7 @@ def _inner(reading: Any) -> dict[str, Any]:
 
 def master_log_status(node: NodeSurface) -> Any:
     """The master plugin's event-log status on the master, else None (the log is the master's)."""
-    master = node.extensions.get("master") if node.is_master else None
+    master = node.services.get(MASTER) if node.is_master else None
     return master.event_log_status() if master is not None else None
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from skulk_kernel.api import Chunk, CommandId, ErrorChunk, NodeSurface, TaskId
+from skulk_kernel.api import Chunk, CommandId, ErrorChunk, NodeSurface, ServiceKey, TaskId
 
 log = logging.getLogger("skulk.api_control.uploads")
 PIECE_BYTES = 256 * 1024
@@ -237,26 +237,33 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _receiver_key(kind: UploadKind[Any]) -> str:
-    return f"uploads/{kind.suffix}"
+_RECEIVER_KEYS: dict[str, ServiceKey[Receiver]] = {}  # by kind suffix; keys compare by identity
+
+
+def _receiver_key(kind: UploadKind[Any]) -> ServiceKey[Receiver]:
+    key = _RECEIVER_KEYS.get(kind.suffix)
+    if key is None:
+        key = _RECEIVER_KEYS[kind.suffix] = ServiceKey(f"api-control.uploads/{kind.suffix}")
+    return key
 
 
 def shared_receiver(kind: UploadKind[Any], node: NodeSurface, max_bytes: int, timeout_s: float) -> Receiver:
-    """The node's one receiver of a kind, kept in `node.extensions`: several plugins on the node may
+    """The node's one receiver of a kind, a service of the node: several plugins on the node may
     take the same kind (every media engine plugin takes input images), and two receivers would both
     open a task's stream. The first caller's limits hold."""
     key = _receiver_key(kind)
-    found = node.extensions.get(key)
-    if not isinstance(found, Receiver) or found.kind is not kind:
-        found = node.extensions[key] = Receiver(kind, node, max_bytes, timeout_s)
+    found = node.services.get(key)
+    if found is None or found.kind is not kind:
+        node.services.withdraw(key)
+        found = node.services.publish(key, Receiver(kind, node, max_bytes, timeout_s))
     return found
 
 
 def forward_event(kind: UploadKind[Any], node: NodeSurface, event: Any) -> None:
     """A plugin's on_event_applied: hand the shared receiver the events it follows (none before
     `shared_receiver` made it)."""
-    receiver = node.extensions.get(_receiver_key(kind))
-    if not isinstance(receiver, Receiver):
+    receiver = node.services.get(_receiver_key(kind))
+    if receiver is None:
         return
     name = type(event).__name__
     if name == "TaskCreated":
@@ -269,8 +276,8 @@ def forward_event(kind: UploadKind[Any], node: NodeSurface, event: Any) -> None:
 
 def close_receiver(kind: UploadKind[Any], node: NodeSurface) -> None:
     """A plugin's shutdown: stop the shared receiver (the first plugin to shut down does)."""
-    receiver = node.extensions.pop(_receiver_key(kind), None)
-    if isinstance(receiver, Receiver):
+    receiver = node.services.withdraw(_receiver_key(kind))
+    if receiver is not None:
         receiver.close()
 
 

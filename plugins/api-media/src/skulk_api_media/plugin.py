@@ -6,24 +6,28 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import NodeSurface, ServiceKey
 
 from .config import PLUGIN, MediaConfig
 
+if TYPE_CHECKING:
+    from .jobs import JobStore
+
 log = logging.getLogger("skulk.media")
+JOBS: ServiceKey[JobStore] = ServiceKey(PLUGIN)  # the node's job store (private to this plugin)
 
 
 def _config(node: NodeSurface) -> MediaConfig:
     return node.plugin_config(PLUGIN) or MediaConfig()
 
 
-def _store(node: NodeSurface) -> Any:
+def _store(node: NodeSurface) -> JobStore:
     """The node's job store, made on first use (routes are registered before startup runs)."""
-    store = node.extensions.get(PLUGIN)
+    store = node.services.get(JOBS)
     if store is None:
         from .jobs import JobStore
 
@@ -33,7 +37,7 @@ def _store(node: NodeSurface) -> Any:
         for stale in root.glob("*.mp4*"):  # records are in memory: files of a previous run are orphans
             stale.unlink(missing_ok=True)
         store = JobStore(root, config.job_ttl_s, config.max_jobs, config.max_active_jobs)
-        node.extensions[PLUGIN] = store
+        node.services.publish(JOBS, store)
     return store
 
 
@@ -52,7 +56,7 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 async def _sweep_loop(node: NodeSurface, interval: float) -> None:
     while not node.stopping:
         await asyncio.sleep(interval)
-        store = node.extensions.get(PLUGIN)
+        store = node.services.get(JOBS)
         if store is not None:
             for job_id in store.sweep():
                 log.info("video job %s expired; it and its file are deleted", job_id)
@@ -66,7 +70,7 @@ def startup(node: NodeSurface) -> None:
 
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
-    store = node.extensions.pop(PLUGIN, None)
+    store = node.services.withdraw(JOBS)
     if store is not None:
         for job in list(store.jobs.values()):
             if job.task is not None and not job.task.done():

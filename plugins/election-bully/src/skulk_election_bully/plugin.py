@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
+from . import ELECTION
+
 PLUGIN = "election-bully"
 
 
@@ -55,7 +57,5 @@ def register_elections(register: Callable[[Any], None], node: NodeSurface) -> No
     from .election import BullyElection
 
     election = BullyElection(node.plugin_config(PLUGIN) or BullyConfig())
-    extensions = getattr(node, "extensions", None)
-    if isinstance(extensions, dict):
-        extensions[PLUGIN] = election  # diagnostics() for whoever wants to show it
+    node.services.publish(ELECTION, election)  # diagnostics() for whoever wants to show it
     register(election)

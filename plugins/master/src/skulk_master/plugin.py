@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
+from . import MASTER
+
 PLUGIN = "master"
 
 
@@ -48,20 +50,20 @@ async def startup(node: NodeSurface) -> None:
     from .sequencer import Master
 
     master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
-    node.extensions[PLUGIN] = master
+    node.services.publish(MASTER, master)
     await master.attach()
 
 
 @hookimpl
 async def on_master_changed(node: NodeSurface, master_node_id: str | None) -> None:
-    master = node.extensions.get(PLUGIN)
+    master = node.services.get(MASTER)
     if master is not None:
         await master.on_master_changed(master_node_id)
 
 
 @hookimpl
 async def shutdown(node: NodeSurface) -> None:
-    master = node.extensions.pop(PLUGIN, None)
+    master = node.services.withdraw(MASTER)
     if master is not None:
         await master.stop()
         master.close()

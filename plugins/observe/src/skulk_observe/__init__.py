@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from skulk_kernel.api import ServiceKey
+
 if TYPE_CHECKING:
     from skulk_kernel.api import NodeSurface
 
+    from .service import Observer
+
 PLUGIN = "observe"
+# The per-node `Observer` (its class is imported lazily: this module stays light for its callers).
+OBSERVER: ServiceKey[Observer] = ServiceKey(PLUGIN)
 
 
 def tracing_on(node: NodeSurface) -> bool:
     """Whether spans are being recorded on this node (the plugin is loaded and tracing is on)."""
-    return PLUGIN in node.extensions and node.state.tracing_enabled
+    return OBSERVER in node.services and node.state.tracing_enabled
 
 
 def record_span(
@@ -37,7 +43,7 @@ def record_span(
     span on the request's root; `span_id` may be a well-known hop name too, so other nodes can
     hang children on this span without being told its id. Times are this node's wall clock (``time.time_ns()``).
     """
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is not None and node.state.tracing_enabled:
         observer.span(trace_id, name, start_ns, end_ns, parent=parent, span_id=span_id, attributes=attributes)
 
@@ -53,6 +59,6 @@ def record_phase(
     model_id: str | None = None,
 ) -> None:
     """Note a runner's phase change in the flight recorder (always on; takes the pid's RSS)."""
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is not None:
         observer.recorder.record(runner_id, phase, pid=pid, task_id=task_id, detail=detail, model_id=model_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 from skulk_kernel.api import NodeSurface
 
-from . import PLUGIN
+from . import OBSERVER
 from .diagnostics import local_diag, local_timeline, plugin_versions, stalled_runners
 
 
@@ -70,7 +70,7 @@ def _json(data: Any) -> bytes:
 
 def build_bundle(node: NodeSurface) -> tuple[str, bytes]:
     """(file name, tar.gz bytes) of this node's capture bundle."""
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = f"skulk-capture-{node.node_id[:8]}-{stamp}"
     files: dict[str, bytes] = {

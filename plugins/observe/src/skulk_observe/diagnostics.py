@@ -13,8 +13,9 @@ from typing import Any
 from urllib.parse import quote
 
 from skulk_kernel.api import NodeSurface
+from skulk_worker import WORKER
 
-from . import PLUGIN
+from . import OBSERVER
 from .cluster import FanOut, friendly_names, members, mismatches, remote_summary
 from .envelopes import EnvelopeBook
 from .spans import Span, merge
@@ -42,7 +43,7 @@ def plugin_versions(plugins: tuple[str, ...] = ()) -> dict[str, str]:
 
 
 def _observer(node: NodeSurface) -> Any:
-    return node.extensions.get(PLUGIN)
+    return node.services.get(OBSERVER)
 
 
 def _timeout(node: NodeSurface) -> float:
@@ -53,7 +54,7 @@ def _timeout(node: NodeSurface) -> float:
 def stalled_runners(node: NodeSurface, now: float | None = None) -> list[dict[str, Any]]:
     """Runners with a task in flight whose last phase change is older than `stalled_after_s`."""
     observer = _observer(node)
-    worker = node.extensions.get("worker")
+    worker = node.services.get(WORKER)
     if observer is None or worker is None:
         return []
     now = now if now is not None else time.time()
@@ -127,7 +128,7 @@ async def cluster_view(node: NodeSurface, local: dict[str, Any], headers: dict[s
 
 def local_diag(node: NodeSurface) -> dict[str, Any]:
     """The parts of this node's `/v1/diagnostics/node` the cluster view compares."""
-    worker = node.extensions.get("worker")
+    worker = node.services.get(WORKER)
     return {
         "runtime": node.runtime_info(),
         "stateHash": node.state.state_hash(),

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from skulk_kernel.api import NodeSurface, kernel_version
+from skulk_worker import WORKER
 
 
 class NodeMetrics:
@@ -96,7 +97,7 @@ class _LiveCollector:
         for kind, n in sorted(counts.items()):
             runners.add_metric([kind], n)
         yield runners
-        worker = node.extensions.get("worker")
+        worker = node.services.get(WORKER)
         local = GaugeMetricFamily(
             "skulk_local_runner_in_flight", "Tasks in flight per local runner", labels=["runner", "model"]
         )

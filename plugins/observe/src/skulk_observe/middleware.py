@@ -25,7 +25,7 @@ from skulk_kernel.api import (
     resolve_card,
 )
 
-from . import PLUGIN
+from . import OBSERVER
 from .spans import span_id
 
 log = logging.getLogger("skulk.observe")
@@ -49,7 +49,7 @@ class ObserveMiddleware:
         self.node = node
 
     def transform(self, command: Command) -> Command:
-        observer = self.node.extensions.get(PLUGIN)
+        observer = self.node.services.get(OBSERVER)
         if observer is not None and isinstance(command, TextGeneration | TextEmbedding):
             observer.remember_request(
                 command.command_id,
@@ -63,7 +63,7 @@ class ObserveMiddleware:
         return command
 
     def observe(self, command: Command, chunk: Chunk) -> None:
-        observer = self.node.extensions.get(PLUGIN)
+        observer = self.node.services.get(OBSERVER)
         if observer is None:
             return
         entry = observer.requests.get(chunk.command_id)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
-from . import PLUGIN
+from . import OBSERVER, PLUGIN
 
 # Commands the master received, by command id, while tracing was on: check_command has no node
 # argument, so this is per process (one master per process outside tests; ids are unique anyway).
@@ -47,7 +47,7 @@ def configure(node: NodeSurface) -> None:
     apply_log_format()  # $SKULK_LOG_FORMAT=json
     observer = Observer(node, node.plugin_config(PLUGIN) or ObserveConfig())
     observer.logs.install()
-    node.extensions[PLUGIN] = observer
+    node.services.publish(OBSERVER, observer)
 
 
 @hookimpl
@@ -66,7 +66,7 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 
 @hookimpl
 async def startup(node: NodeSurface) -> None:
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is None:
         return
     from .config import apply_effects
@@ -79,7 +79,7 @@ async def startup(node: NodeSurface) -> None:
 
 @hookimpl
 async def shutdown(node: NodeSurface) -> None:
-    observer = node.extensions.pop(PLUGIN, None)
+    observer = node.services.withdraw(OBSERVER)
     if observer is None:
         return
     observer.logs.uninstall()
@@ -99,7 +99,7 @@ def check_command(command: Any, state: Any) -> str | None:
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: Any, before: Any, after: Any) -> None:
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is None:
         return
     observer.events.append(event)
@@ -138,7 +138,7 @@ def on_event_applied(node: NodeSurface, event: Any, before: Any, after: Any) -> 
 
 @hookimpl
 def on_state_synced(node: NodeSurface, before: Any, after: Any) -> None:
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is not None:
         from .config import apply_effects
 
@@ -148,6 +148,6 @@ def on_state_synced(node: NodeSurface, before: Any, after: Any) -> None:
 
 @hookimpl
 def on_master_changed(node: NodeSurface, master_node_id: str | None, is_master: bool) -> None:
-    observer = node.extensions.get(PLUGIN)
+    observer = node.services.get(OBSERVER)
     if observer is not None:
         observer.note("master_changed", f"master is now {master_node_id or '(election in progress)'}")

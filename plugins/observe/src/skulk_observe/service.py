@@ -1,4 +1,4 @@
-"""The per-node observer (`node.extensions["observe"]`): spans, the recorder, the timeline, metrics.
+"""The per-node observer (`node.services.get(OBSERVER)`): spans, the recorder, the timeline, metrics.
 
 One object per node, created in `configure` so every other hook (and other plugins' helpers) can
 find it from the first event on. It owns only memory-bounded structures; the janitor task started

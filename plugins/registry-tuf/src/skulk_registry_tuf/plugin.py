@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import NodeSurface, ServiceKey
+
+if TYPE_CHECKING:  # imported when the profile configures a registry, as configure() does
+    from .service import RegistryStore
 
 PLUGIN = "registry-tuf"
+REGISTRY: ServiceKey[RegistryStore] = ServiceKey(PLUGIN)  # the node's verified catalog (private to this plugin)
 
 
 class RegistryConfig(BaseModel):
@@ -87,18 +91,19 @@ def configure(node: NodeSurface) -> None:
         health=health,
     )
     store.load_saved()
-    node.extensions[PLUGIN] = store
+    node.services.publish(REGISTRY, store)
 
 
 @hookimpl
 def register_model_stores(register: Callable[[Any], None], node: NodeSurface | None) -> None:
-    if node is not None and node.extensions.get(PLUGIN) is not None:
-        register(node.extensions[PLUGIN])
+    store = node.services.get(REGISTRY) if node is not None else None
+    if store is not None:
+        register(store)
 
 
 @hookimpl
 def startup(node: NodeSurface) -> None:
-    store = node.extensions.get(PLUGIN)
+    store = node.services.get(REGISTRY)
     if store is not None:
         from .loop import refresh_loop
 

@@ -6,13 +6,13 @@ from typing import Any
 
 from skulk_kernel.api import NodeSurface
 
-PLUGIN = "registry-tuf"
+from .plugin import PLUGIN, REGISTRY
 
 
 def add_registry_routes(app: Any, node: NodeSurface) -> None:
     @app.get("/registry")
     async def registry_status() -> dict[str, Any]:
-        store = node.extensions.get(PLUGIN)
+        store = node.services.get(REGISTRY)
         if store is None:
             notes = node.health_notes.get(PLUGIN, {})
             why = next(iter(notes.values()), "no [plugins.registry-tuf] url in this node's profile")

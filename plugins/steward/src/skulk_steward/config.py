@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
+from skulk_kernel.api import ServiceKey
+
+if TYPE_CHECKING:  # the service imports the tools, which import this module
+    from .service import StewardService
 
 PLUGIN = "steward"
+STEWARD: ServiceKey[StewardService] = ServiceKey(PLUGIN)  # the per-node service (private to this plugin)
 ROLE = "steward"
 MODEL_REF = "skulk/steward"
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
-from .config import PLUGIN, StewardConfig
+from .config import PLUGIN, STEWARD, StewardConfig
 
 
 @hookimpl
@@ -22,7 +22,7 @@ def startup(node: NodeSurface) -> None:
     from .service import StewardService
 
     service = StewardService(node, node.plugin_config(PLUGIN) or StewardConfig())
-    node.extensions[PLUGIN] = service
+    node.services.publish(STEWARD, service)
     node.spawn(service.run(), "steward")
     from .routing import serve_steward
 

@@ -6,7 +6,7 @@ these routes need no check of their own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -14,7 +14,10 @@ from pydantic import ValidationError
 from skulk_kernel.api import NodeSurface
 
 from . import proposals
-from .config import PLUGIN
+from .config import STEWARD
+
+if TYPE_CHECKING:
+    from .service import StewardService
 
 
 def _refused(exc: proposals.ProposalRefused) -> JSONResponse:
@@ -26,8 +29,8 @@ def _refused(exc: proposals.ProposalRefused) -> JSONResponse:
 
 
 def add_steward_routes(app: FastAPI, node: NodeSurface) -> None:
-    def service() -> Any:
-        return node.extensions[PLUGIN]
+    def service() -> StewardService:
+        return node.services.require(STEWARD)
 
     @app.get("/v1/steward", tags=["steward"])
     async def steward_status() -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from skulk_kernel.api import ErrorChunk, NodeSurface, TextGeneration
 
-from .config import MODEL_REF, PLUGIN
+from .config import MODEL_REF, STEWARD
 
 
 def is_steward_ref(ref: str) -> bool:
@@ -25,7 +25,7 @@ def serve_steward(node: NodeSurface) -> None:
         return
 
     async def server(command: TextGeneration) -> None:
-        service = node.extensions.get(PLUGIN)
+        service = node.services.get(STEWARD)
         ready, reason = service.readiness() if service is not None else (False, "the steward plugin is stopping")
         inst = service.instance() if service is not None and ready else None
         if service is None or inst is None:

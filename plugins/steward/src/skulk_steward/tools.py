@@ -32,7 +32,7 @@ from skulk_kernel.api import (
 )
 
 from . import proposals
-from .config import PLUGIN, ROLE, StewardConfig
+from .config import PLUGIN, ROLE, STEWARD, StewardConfig
 
 GiB = 1024**3
 
@@ -175,7 +175,7 @@ def propose_action(
     node: NodeSurface, kind: str = "", instance_id: str = "", model_id: str = "", rationale: str = "", **_: Any
 ) -> str:
     """Record a proposal (it does nothing until an operator approves it)."""
-    service = node.extensions.get(PLUGIN)
+    service = node.services.get(STEWARD)
     if service is None:
         return "Proposals are not available on this node."
     try:

@@ -42,6 +42,7 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse
 from skulk_kernel.api import ModelCard, NodeResources, NodeSurface, TokenChunk, new_id
 
+from .plugin import STORE_PEER
 from .store import Progress, sha256_file
 
 if TYPE_CHECKING:
@@ -126,8 +127,7 @@ class PeerServer:
 
 def add_peer_routes(app: Any, node: NodeSurface) -> None:
     def server() -> PeerServer | None:
-        found = node.extensions.get("store-peer")
-        return found if isinstance(found, PeerServer) else None
+        return node.services.get(STORE_PEER)
 
     def refuse(status: int, message: str, code: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)

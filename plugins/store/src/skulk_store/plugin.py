@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import IndexedEvent, NodeSurface, State
+from skulk_kernel.api import IndexedEvent, NodeSurface, ServiceKey, State
+
+if TYPE_CHECKING:  # this module stays light: the node imports it whether or not it uses the store
+    from .peer import PeerServer
+    from .service import StoreService
+    from .store import LocalModelStore
 
 PLUGIN = "store"
+# the plugin's per-node objects (private to it: other plugins reach the store through node.model_stores)
+STORE: ServiceKey[LocalModelStore] = ServiceKey(PLUGIN)
+STORE_SERVICE: ServiceKey[StoreService] = ServiceKey("store.service")
+STORE_PEER: ServiceKey[PeerServer] = ServiceKey("store.peer")
 
 
 class StoreConfig(BaseModel):
@@ -56,13 +65,14 @@ def configure(node: NodeSurface) -> None:
         staging_budget=config.staging_budget_bytes,
     )
     node.facts["models_dir"] = str(store.models_dir)
-    node.extensions[PLUGIN] = store
+    node.services.publish(STORE, store)
 
 
 @hookimpl
 def register_model_stores(register: Callable[[Any], None], node: NodeSurface) -> None:
-    if node is not None and PLUGIN in node.extensions:
-        register(node.extensions[PLUGIN])
+    store = node.services.get(STORE) if node is not None else None
+    if store is not None:
+        register(store)
 
 
 @hookimpl
@@ -80,30 +90,30 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 def startup(node: NodeSurface) -> None:
     from .service import StoreService
 
-    store = node.extensions.get(PLUGIN)
+    store = node.services.get(STORE)
     if store is None:
         return
     service = StoreService(node, store)
-    node.extensions["store-service"] = service
+    node.services.publish(STORE_SERVICE, service)
     service.start()
 
 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent) -> None:
-    service = node.extensions.get("store-service")
+    service = node.services.get(STORE_SERVICE)
     if service is not None:
         service.on_event(event)
 
 
 @hookimpl
 def on_state_synced(node: NodeSurface, after: State) -> None:
-    service = node.extensions.get("store-service")
+    service = node.services.get(STORE_SERVICE)
     if service is not None:
         service.on_synced(after)
 
 
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
-    service = node.extensions.get("store-service")
+    service = node.services.get(STORE_SERVICE)
     if service is not None:
         service.stop()

@@ -20,6 +20,8 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from skulk_kernel.api import NodeSurface, catalog
 
+from .plugin import STORE, STORE_SERVICE
+
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(
@@ -31,7 +33,7 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
 
 def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
     def parts() -> tuple[Any, Any]:
-        return node.extensions.get("store"), node.extensions.get("store-service")
+        return node.services.get(STORE), node.services.get(STORE_SERVICE)
 
     @app.get("/store/storage")
     async def storage() -> Any:

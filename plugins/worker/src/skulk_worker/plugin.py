@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
 from skulk_kernel.api import NodeSurface
 
+from . import WORKER
+
 PLUGIN = "worker"
 
 
@@ -35,25 +37,25 @@ async def startup(node: NodeSurface) -> None:
     from .worker import Worker
 
     worker = Worker(node, node.plugin_config(PLUGIN) or WorkerConfig())
-    node.extensions[PLUGIN] = worker
+    node.services.publish(WORKER, worker)
 
 
 @hookimpl
 async def on_event_applied(node: NodeSurface, event: Any, before: Any, after: Any) -> None:
-    worker = node.extensions.get(PLUGIN)
+    worker = node.services.get(WORKER)
     if worker is not None:
         await worker.on_event(event, before, after)
 
 
 @hookimpl
 async def on_state_synced(node: NodeSurface, after: Any) -> None:
-    worker = node.extensions.get(PLUGIN)
+    worker = node.services.get(WORKER)
     if worker is not None:
         await worker.reconcile(after)
 
 
 @hookimpl
 async def shutdown(node: NodeSurface) -> None:
-    worker = node.extensions.pop(PLUGIN, None)
+    worker = node.services.withdraw(WORKER)
     if worker is not None:
         await worker.stop()
