@@ -148,6 +148,34 @@ class TestSloppyEngine(EngineConformance):
         return make_runner_spec(echo_cards()[ECHO_MODEL])
 
 
+class HalfSession(EchoSession):
+    """Declares Transcription but only refuses speech."""
+
+    def synthesize(self, command_id, params, cancelled):
+        raise NotImplementedError("the half engine does not synthesize")
+
+
+class HalfEngine(EchoEngine):
+    name = "half"
+    tasks = frozenset({"TextGeneration", "TextEmbedding", "Transcription"})
+
+    def load(self, spec, progress):
+        progress(1, 1)
+        return HalfSession(spec, 0.0)
+
+
+class TestHalfEngine(EngineConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls):
+        return HalfEngine()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runner_spec(cls):
+        return make_runner_spec(echo_cards()[ECHO_MODEL])
+
+
 class DeafTransport(LocalTransport):
     """Never hears its own publications."""
 
@@ -198,10 +226,16 @@ def test_suites_fail_broken_implementations(tmp_path: Path) -> None:
         "TestSloppyEngine::test_generate_stream_is_well_formed",
         "TestSloppyEngine::test_max_tokens_finishes_with_length",
         "TestSloppyEngine::test_cancellation_stops_early",
+        "TestHalfEngine::test_session_serves_every_declared_kind",
+        "TestHalfEngine::test_session_has_no_refusal_stubs",
+        "TestHalfEngine::test_no_method_only_refuses",
         "TestDeafTransport::test_own_messages_are_delivered",
         "TestDeafTransport::test_order_is_kept_per_topic",
     }
     assert {k: outcome.get(k) for k in must_fail} == dict.fromkeys(must_fail, "failed")
     assert outcome["TestSloppyEngine::test_declares_the_engine_contract"] == "passed"
     assert outcome["TestSloppyEngine::test_count_tokens"] == "passed"
+    assert outcome["TestSloppyEngine::test_session_serves_every_declared_kind"] == "passed"
+    assert outcome["TestHalfEngine::test_declares_the_engine_contract"] == "passed"
+    assert outcome["TestHalfEngine::test_generate_stream_is_well_formed"] == "passed"
     assert outcome["TestDeafTransport::test_declares_the_transport_contract"] == "passed"

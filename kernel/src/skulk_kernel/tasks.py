@@ -171,6 +171,11 @@ if not TYPE_CHECKING:
     Task = tagged_union(Task)
 
 
+def task_kind(task: TaskBase) -> str:
+    """A task's kind, as `Engine.tasks` and `ModelCard.tasks` name it: `TextGenerationTask` -> `TextGeneration`."""
+    return type(task).__name__.removesuffix("Task")
+
+
 # --- chunks --------------------------------------------------------------------------------------
 
 

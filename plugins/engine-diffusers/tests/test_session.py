@@ -6,7 +6,19 @@ from __future__ import annotations
 import sys
 
 import pytest
-from skulk_kernel.api import ErrorChunk, MediaChunk, MediaParams, ModelId, ProgressChunk, is_terminal
+from skulk_kernel.api import (
+    EmbeddingSession,
+    EngineSession,
+    ErrorChunk,
+    ImageGenerationSession,
+    MediaChunk,
+    MediaParams,
+    ModelId,
+    ProgressChunk,
+    TextGenerationSession,
+    VideoGenerationSession,
+    is_terminal,
+)
 from skulk_testing.conformance import make_runner_spec
 
 pytestmark = pytest.mark.slow
@@ -69,6 +81,7 @@ def test_bad_size_and_format_are_caller_errors(session) -> None:
     assert isinstance(chunk, ErrorChunk) and chunk.code == "invalid_request"
 
 
-def test_text_requests_are_refused(session) -> None:
-    assert session.count_tokens(None) == 0
-    assert isinstance(next(iter(session.generate_video("c7", params(1), lambda: False))), ErrorChunk)
+def test_the_session_serves_images_only(session) -> None:
+    assert isinstance(session, EngineSession) and isinstance(session, ImageGenerationSession)
+    for other in (TextGenerationSession, EmbeddingSession, VideoGenerationSession):  # the runner refuses these
+        assert not isinstance(session, other)

@@ -9,8 +9,8 @@ import threading
 import av
 import pytest
 from skulk_api_media.video_section import VideoSection, resolve
-from skulk_kernel.api import MediaChunk, MediaParams, ModelId, ProgressChunk
-from skulk_testing.conformance import PluginConformance, make_runner_spec
+from skulk_kernel.api import MediaChunk, MediaParams, ModelId, ProgressChunk, RunnerSpec
+from skulk_testing.conformance import EngineConformance, PluginConformance, make_runner_spec
 from skulk_video_comfyui.cards import TEST_VIDEO
 from skulk_video_comfyui.cards import test_video_card as bundled_card
 from skulk_video_comfyui.engines import TestVideoEngine as VideoEngine
@@ -19,6 +19,20 @@ from skulk_video_comfyui.workflow import WorkflowError, bind
 
 class TestVideoComfyPlugin(PluginConformance):
     plugin_name = "video-comfyui"
+
+
+class TestVideoEngineConformance(EngineConformance):
+    """A video-only engine: its session implements VideoGenerationSession and nothing of text."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls) -> VideoEngine:
+        return VideoEngine()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runner_spec(cls) -> RunnerSpec:
+        return make_runner_spec(bundled_card())
 
 
 def request(seed: int, seconds: float = 1.0, steps: int | None = None) -> MediaParams:

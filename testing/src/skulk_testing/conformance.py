@@ -21,7 +21,10 @@ Suites (and the fixtures a subclass must provide):
 * `PluginConformance`           `plugin_name` (class attribute): entry point, no heavy imports,
                                 hookimpls match the specs, config model has defaults
 * `EngineConformance`           `engine`, `runner_spec` (class-scoped classmethods); optional
-                                `embedding_runner_spec`, `facts`
+                                `embedding_runner_spec`, `facts`. Besides the text tests (skipped
+                                for an engine without TextGeneration), a loaded session must
+                                implement the session Protocol of every kind in `engine.tasks`, and
+                                no method of the engine's classes may only refuse (`refusal_stubs`)
 * `PlannerConformance`          `planner`; optional `card`, `backend`
 * `ModelStoreConformance`       `store`
 * `TransportConformance`        `transport` (a fresh, unstarted instance); optional
@@ -36,9 +39,12 @@ Suite classes are not named `Test*`, so pytest only collects them through a subc
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
 import datetime as dt
+import importlib
+import inspect
 import itertools
 import json
 import math
@@ -58,6 +64,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, TypeAdapter
 from skulk_kernel.api import (
+    SESSION_PROTOCOLS,
     ApiAdapter,
     ChatMessage,
     Chunk,
@@ -67,6 +74,7 @@ from skulk_kernel.api import (
     Election,
     EmbeddingChunk,
     EmbeddingParams,
+    EmbeddingSession,
     Engine,
     EngineProbe,
     EngineSession,
@@ -112,6 +120,7 @@ __all__ = [
     "PluginConformance",
     "TransportConformance",
     "make_runner_spec",
+    "refusal_stubs",
 ]
 
 HEAVY_MODULES = ("torch", "mlx", "vllm", "llama_cpp", "zenoh", "libp2p", "transformers", "numpy")
@@ -237,6 +246,101 @@ class LoadedSession:
     progress: list[tuple[int, int]] = field(default_factory=list)
 
 
+# a session implements the Protocol of each kind it serves, and no method that only refuses: the
+# runner answers a kind the session lacks ("engine X does not serve <kind>"), so these never return
+_REFUSAL = re.compile(
+    r"not supported|unsupported|not implemented|does not (serve|support|generate|embed|make|synthesi[sz]e|transcribe)"
+    r"|\bserves\b.*\bonly\b",
+    re.IGNORECASE,
+)
+_SESSION_METHODS = frozenset(
+    name for proto in SESSION_PROTOCOLS.values() for name in vars(proto) if not name.startswith("_")
+)
+
+
+def _only_statement(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.stmt | None:
+    body = fn.body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]  # the docstring
+    if not body:
+        return ast.Pass()  # a docstring alone does nothing either
+    return body[0] if len(body) == 1 else None
+
+
+def _refuses(stmt: ast.stmt) -> bool:
+    """`raise NotImplementedError`, or a raise / return / yield whose text says it does not serve."""
+    if isinstance(stmt, ast.Raise):
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+            return True
+        value: ast.AST | None = stmt.exc
+    elif isinstance(stmt, ast.Return):
+        value = stmt.value
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Yield | ast.YieldFrom):
+        value = stmt.value.value
+    else:
+        return False
+    return value is not None and any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and _REFUSAL.search(n.value) for n in ast.walk(value)
+    )
+
+
+def _placeholder(stmt: ast.stmt) -> bool:
+    """`pass`, `...`, `return`, `return None/0/""`: a session method that does nothing."""
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is Ellipsis:
+        return True
+    if isinstance(stmt, ast.Return):
+        return stmt.value is None or (isinstance(stmt.value, ast.Constant) and stmt.value.value in (None, 0, ""))
+    return False
+
+
+def refusal_stubs(source: str, filename: str = "<source>") -> list[str]:
+    """Methods in `source` that exist only to refuse: `file:line Class.method` for each.
+
+    A stub is a method of a class (not a Protocol) whose body, past its docstring, is one
+    `raise NotImplementedError`, or one raise / return / yield whose message says the task is not
+    served ("not supported", "unsupported", "does not embed"...), or, for a session method
+    (generate, embed, synthesize...), nothing at all (`pass`, `...`, `return 0`). An engine serves a
+    task kind by implementing its Protocol and leaves the others out.
+    """
+    found = []
+    for cls in ast.walk(ast.parse(source, filename)):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        if any(isinstance(b, ast.Name | ast.Attribute) and ast.unparse(b).endswith("Protocol") for b in cls.bases):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            stmt = _only_statement(fn)
+            if stmt is not None and (_refuses(stmt) or (fn.name in _SESSION_METHODS and _placeholder(stmt))):
+                found.append(f"{filename}:{fn.lineno} {cls.name}.{fn.name}")
+    return found
+
+
+def _engine_sources(*objects: Any) -> list[Path]:
+    """The files of each object's class (and its bases), and of the package each class comes from."""
+    files: set[Path] = set()
+    for obj in objects:
+        for klass in type(obj).__mro__:
+            if klass.__module__ in ("builtins", "typing"):
+                continue
+            try:
+                files.add(Path(inspect.getsourcefile(klass) or ""))
+            except TypeError:
+                continue
+            try:
+                top = importlib.import_module(klass.__module__.split(".")[0])
+            except ImportError:
+                continue
+            if getattr(top, "__path__", None) and top.__file__:  # a package: all of it
+                files.update(Path(top.__file__).parent.rglob("*.py"))
+    return sorted(f for f in files if f.suffix == ".py" and f.is_file())
+
+
 class EngineConformance:
     """An Engine and the sessions it loads. Fixtures are class-scoped: each model loads once."""
 
@@ -285,15 +389,22 @@ class EngineConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def loaded(cls, engine: Any, runner_spec: RunnerSpec, probe: EngineProbe) -> Iterator[LoadedSession]:
+    def any_loaded(cls, engine: Any, runner_spec: RunnerSpec, probe: EngineProbe) -> Iterator[LoadedSession]:
+        """The session `runner_spec` loads, whatever kinds of task its engine serves."""
         if not probe.available:
             pytest.skip(f"engine {engine.name} is not available here: {probe.reason}")
-        if "TextGeneration" not in engine.tasks and "TextGeneration" not in runner_spec.card.tasks:
-            pytest.skip("not a text generation engine")
         loaded = LoadedSession(session=None)
         loaded.session = engine.load(runner_spec, lambda done, total: loaded.progress.append((done, total)))
         yield loaded
         loaded.session.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def loaded(cls, engine: Any, runner_spec: RunnerSpec, any_loaded: LoadedSession) -> LoadedSession:
+        """The same session, for the text generation tests."""
+        if "TextGeneration" not in engine.tasks and "TextGeneration" not in runner_spec.card.tasks:
+            pytest.skip("not a text generation engine")
+        return any_loaded
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -380,7 +491,15 @@ class EngineConformance:
 
     # ---------------------------------------------------------------- loading
 
-    def test_load_reports_progress(self, loaded: LoadedSession) -> None:
+    def test_no_method_only_refuses(self, engine: Any) -> None:
+        stubs = [stub for path in _engine_sources(engine) for stub in refusal_stubs(path.read_text(), str(path))]
+        assert not stubs, (
+            "methods that only refuse a task (serve a kind by implementing its session Protocol, "
+            f"and leave the others out; the runner refuses them): {stubs}"
+        )
+
+    def test_load_reports_progress(self, any_loaded: LoadedSession) -> None:
+        loaded = any_loaded
         assert loaded.progress, "load() must call progress(done, total) at least once"
         done_seen = [d for d, _ in loaded.progress]
         assert done_seen == sorted(done_seen), f"progress went backwards: {loaded.progress}"
@@ -390,8 +509,20 @@ class EngineConformance:
         done, total = loaded.progress[-1]
         assert done == total, f"the last progress call reports completion, got {(done, total)}"
 
-    def test_session_contract(self, loaded: LoadedSession) -> None:
-        assert isinstance(loaded.session, EngineSession), "missing methods of contracts.EngineSession"
+    def test_session_contract(self, any_loaded: LoadedSession) -> None:
+        assert isinstance(any_loaded.session, EngineSession), "missing methods of contracts.EngineSession"
+
+    def test_session_serves_every_declared_kind(self, engine: Any, any_loaded: LoadedSession) -> None:
+        missing = {
+            kind: SESSION_PROTOCOLS[kind].__name__
+            for kind in sorted(engine.tasks & SESSION_PROTOCOLS.keys())
+            if not isinstance(any_loaded.session, SESSION_PROTOCOLS[kind])
+        }
+        assert not missing, f"engine {engine.name} declares tasks its session does not implement: {missing}"
+
+    def test_session_has_no_refusal_stubs(self, any_loaded: LoadedSession) -> None:
+        stubs = [s for path in _engine_sources(any_loaded.session) for s in refusal_stubs(path.read_text(), str(path))]
+        assert not stubs, f"session methods that only refuse a task: {stubs}"
 
     # ---------------------------------------------------------------- generation
 
@@ -442,6 +573,7 @@ class EngineConformance:
     def test_embed(self, embedding_session: tuple[Any, RunnerSpec]) -> None:
         session, spec = embedding_session
         params = EmbeddingParams(model_id=spec.card.model_id, inputs=self.embed_inputs)
+        assert isinstance(session, EmbeddingSession), "an embedding session implements contracts.EmbeddingSession"
         chunk = session.embed("conf-embed", params)
         assert isinstance(chunk, EmbeddingChunk), f"embed returned {type(chunk).__name__}"
         assert chunk.command_id == "conf-embed" and is_terminal(chunk)

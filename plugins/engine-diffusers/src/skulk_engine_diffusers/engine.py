@@ -33,7 +33,6 @@ from typing import Any
 from skulk_kernel.api import (
     Chunk,
     CommandId,
-    EmbeddingParams,
     EngineProbe,
     ErrorChunk,
     GenerationStats,
@@ -41,7 +40,6 @@ from skulk_kernel.api import (
     MediaParams,
     ProgressChunk,
     RunnerSpec,
-    TextGenerationParams,
     Usage,
 )
 
@@ -114,7 +112,7 @@ class DiffusersEngine:
 
 
 class DiffusersSession:
-    """A loaded pipeline; `generate_image` is what the runner calls for an ImageGeneration task."""
+    """A loaded pipeline: serves ImageGeneration (`skulk_kernel.api.ImageGenerationSession`) and nothing else."""
 
     def __init__(self, pipe: Any, spec: RunnerSpec, device: str) -> None:
         self.pipe = pipe
@@ -124,19 +122,6 @@ class DiffusersSession:
         self.max_pixels = int(spec.options.get("max_pixels", 4096 * 4096))
         self.upload_timeout_s = float(spec.options.get("upload_timeout_s", 60.0))
         self._edit_pipe: Any = None
-
-    # the text half of the EngineSession contract, which an image model does not serve
-    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _error(command_id, "this is an image model: it does not generate text", "unsupported_task")
-
-    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        return _error(command_id, "this is an image model: it does not embed text", "unsupported_task")
-
-    def count_tokens(self, params: TextGenerationParams) -> int:
-        return 0
-
-    def generate_video(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _error(command_id, "this is an image model: it does not make videos", "unsupported_task")
 
     def close(self) -> None:
         self.pipe = None

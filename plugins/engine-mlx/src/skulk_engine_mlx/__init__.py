@@ -12,7 +12,7 @@ Modules (nothing heavy is imported here; mlx and mlx_lm load only inside functio
 * ``stepper``      -- one decode step on every rank, with the token and stop flag agreed.
 * ``prompt``       -- chat templates, the ChatML tools fallback, token counting.
 * ``textparse``    -- stop strings, ``<think>`` reasoning and ``<tool_call>`` parsing.
-* ``session``      -- the EngineSession: generate(), count_tokens(), close().
+* ``session``      -- the session (a TextGenerationSession): generate(), count_tokens(), close().
 * ``models``       -- offline provisioning (GGUF -> safetensors in a conversion venv).
 * ``convert_gguf`` -- the conversion script itself (runs inside that venv only).
 * ``localranks``   -- run an instance's ranks as local processes (tests and bench/bench_mlx.py).

@@ -17,7 +17,6 @@ from typing import Any
 
 from skulk_kernel.api import (
     Chunk,
-    EmbeddingParams,
     ErrorChunk,
     GenerationStats,
     TextGenerationParams,
@@ -234,15 +233,6 @@ class MlxSession:
             piece, piece_bytes = self._piece(token)
             top.append(TopLogprob(token=piece, logprob=logprob, bytes=piece_bytes))
         return TokenLogprob(token=text, logprob=result.logprob, bytes=raw, top_logprobs=tuple(top))
-
-    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        return ErrorChunk(
-            command_id=command_id,
-            seq=0,
-            message="engine mlx serves text generation only",
-            error_type="invalid_request_error",
-            code="unsupported_task",
-        )
 
     def param_bytes(self) -> int:
         """Bytes of model weights this rank holds (its share of the whole model)."""

@@ -2,7 +2,9 @@
 mlx-audio on Apple Silicon where it is installed.
 
 Each engine is registered on every node (probing, backend tags) and loaded only inside a runner
-subprocess. A loaded session implements the runner's speech calls besides the text contract:
+subprocess. A loaded session implements the session Protocol of each task kind its engine serves
+(`skulk_kernel.api.SpeechSynthesisSession`, `TranscriptionSession`) and nothing else; the runner
+answers any other kind with "engine X does not serve <kind>":
 
 * `synthesize(command_id, params, cancelled)` yields `AudioChunk`s of mono s16le PCM, one per
   sentence as Piper finishes it (so the API can stream before the whole input is spoken), then a
@@ -25,19 +27,17 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from skulk_kernel.api import (
     AudioChunk,
     Chunk,
     CommandId,
-    EmbeddingParams,
     EngineProbe,
     ErrorChunk,
     GenerationStats,
     RunnerSpec,
     SpeechParams,
-    TextGenerationParams,
     TranscriptChunk,
     Usage,
 )
@@ -45,14 +45,6 @@ from skulk_kernel.api import (
 from .cards import audio_section
 
 log = logging.getLogger("skulk.speech.engines")
-
-
-class SpeechSession(Protocol):
-    """What the runner calls on a speech engine's session (see plugins/worker runner.py)."""
-
-    def synthesize(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]: ...
-
-    def transcribe(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]: ...
 
 
 def _error(command_id: str, message: str, code: str, *, caller: bool = True, seq: int = 0) -> ErrorChunk:
@@ -65,28 +57,6 @@ def _error(command_id: str, message: str, code: str, *, caller: bool = True, seq
     )
 
 
-class _SpeechOnly:
-    """The text half of the EngineSession contract, which a speech model does not serve."""
-
-    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _error(command_id, "this is a speech model: it does not generate text", "unsupported_task")
-
-    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        return _error(command_id, "this is a speech model: it does not embed text", "unsupported_task")
-
-    def count_tokens(self, params: TextGenerationParams) -> int:
-        return 0
-
-    def synthesize(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _error(command_id, "this model does not synthesise speech", "unsupported_task")
-
-    def transcribe(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _error(command_id, "this model does not transcribe speech", "unsupported_task")
-
-    def close(self) -> None:
-        return None
-
-
 def _quiet_onnxruntime() -> None:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # else onnxruntime writes under ~/.cache
 
@@ -94,7 +64,9 @@ def _quiet_onnxruntime() -> None:
 # ================================================================== Piper
 
 
-class PiperSession(_SpeechOnly):
+class PiperSession:
+    """A Piper voice: serves SpeechSynthesis."""
+
     def __init__(self, voice: Any, spec: RunnerSpec) -> None:
         self.voice = voice
         self.spec = spec
@@ -109,6 +81,9 @@ class PiperSession(_SpeechOnly):
         if self.deterministic:
             return SynthesisConfig(length_scale=base / speed, noise_scale=0.0, noise_w_scale=0.0)
         return SynthesisConfig(length_scale=base / speed)
+
+    def close(self) -> None:
+        self.voice = None  # the onnxruntime session goes with it
 
     def synthesize(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         voice = params.voice or self.voices[0]
@@ -200,13 +175,18 @@ class PiperEngine:
 # ================================================================== faster-whisper
 
 
-class WhisperSession(_SpeechOnly):
+class WhisperSession:
+    """A faster-whisper model: serves Transcription."""
+
     def __init__(self, model: Any, spec: RunnerSpec) -> None:
         self.model = model
         self.spec = spec
         self.audio = audio_section(spec.card)
         self.beam_size = int(spec.options.get("beam_size", 1))
         self.upload_timeout_s = float(spec.options.get("upload_timeout_s", 60.0))
+
+    def close(self) -> None:
+        self.model = None
 
     def transcribe(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         from .audio import AudioError, decode_16k_mono
@@ -313,8 +293,9 @@ def apple_silicon() -> bool:
     return sys.platform == "darwin" and platform.machine() == "arm64"
 
 
-class MlxAudioSession(_SpeechOnly):
-    """TTS and STT through mlx-audio's own loaders (`mlx_audio.tts.utils` / `mlx_audio.stt.utils`).
+class MlxAudioSession:
+    """TTS and STT through mlx-audio's own loaders (`mlx_audio.tts.utils` / `mlx_audio.stt.utils`):
+    serves SpeechSynthesis with a `tts` card's model and Transcription with an `stt` one's.
 
     Not exercised on Linux CI (no weights ship in any package); it exists so a Mac node serves
     mlx-audio speech cards through the same routes.
@@ -324,6 +305,9 @@ class MlxAudioSession(_SpeechOnly):
         self.model = model
         self.spec = spec
         self.kind = kind
+
+    def close(self) -> None:
+        self.model = None
 
     def synthesize(self, command_id: str, params: SpeechParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         import numpy as np

@@ -1,8 +1,9 @@
 """The video engines: `comfyui` (a managed ComfyUI server) and `test_video` (deterministic, no weights).
 
 Both are registered on every node that loads the plugin (probing, backend tags) and loaded only in
-a runner subprocess. A session renders with `generate_video(command_id, params, cancelled)`, which
-the worker's runner relays like any chunk stream:
+a runner subprocess. A session serves VideoGeneration only (`skulk_kernel.api.VideoGenerationSession`):
+it renders with `generate_video(command_id, params, cancelled)`, which the worker's runner relays
+like any chunk stream:
 
     ProgressChunk(done, total, stage)*  then  MediaChunk* (the MP4 in 256 KiB pieces; the last one
     carries the file's SHA-256 and finish_reason "stop")   or an ErrorChunk, or a chunk with
@@ -28,7 +29,6 @@ from typing import Any
 from skulk_kernel.api import (
     Chunk,
     CommandId,
-    EmbeddingParams,
     EngineProbe,
     ErrorChunk,
     GenerationStats,
@@ -36,7 +36,6 @@ from skulk_kernel.api import (
     MediaParams,
     ProgressChunk,
     RunnerSpec,
-    TextGenerationParams,
     TokenChunk,
     Usage,
 )
@@ -94,22 +93,6 @@ class _Stream:
             )
 
 
-class _VideoOnly:
-    """The text half of the EngineSession contract, which a video model does not serve."""
-
-    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        yield _Stream(command_id).error("this is a video model: it does not generate text", "unsupported_task")
-
-    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        return _Stream(command_id).error("this is a video model: it does not embed text", "unsupported_task")
-
-    def count_tokens(self, params: TextGenerationParams) -> int:
-        return 0
-
-    def close(self) -> None:
-        return None
-
-
 def _canvas(params: MediaParams) -> tuple[int, int, int, int, int]:
     """(width, height, frames, fps, steps) as the API resolved them."""
     o = params.options
@@ -131,10 +114,13 @@ def _input_image(spec: RunnerSpec, command_id: str, params: MediaParams, config:
 # ================================================================== the test video engine
 
 
-class TestVideoSession(_VideoOnly):
+class TestVideoSession:
     def __init__(self, spec: RunnerSpec, config: VideoConfig) -> None:
         self.spec = spec
         self.config = config
+
+    def close(self) -> None:
+        return None  # nothing held between renders
 
     def generate_video(self, command_id: str, params: MediaParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         from .testvideo import encode_mp4, fit_image
@@ -221,7 +207,7 @@ class TestVideoEngine:
 # ================================================================== ComfyUI
 
 
-class ComfySession(_VideoOnly):
+class ComfySession:
     """One managed ComfyUI server and the card's workflow; a render is one bound graph."""
 
     def __init__(self, spec: RunnerSpec, config: VideoConfig, server: Any, template: dict[str, Any]) -> None:

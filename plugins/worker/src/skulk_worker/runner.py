@@ -9,6 +9,10 @@ two multiprocessing queues; everything in them is a picklable kernel type.
                       | ("done", task_id, TaskStatus) | ("fatal", traceback) | ("broken", reason)
                       | ("phase", task_id, name, at_ns) | ("span", task_id, name, start_ns, end_ns, attrs)
 
+A task is served by its kind (`task_kind`: TextGeneration, TextEmbedding, SpeechSynthesis, ...):
+`_SERVE` says how, and the session must implement that kind's Protocol (`SESSION_PROTOCOLS`); one
+that does not gets an ErrorChunk coded `unsupported_task` ("engine X does not serve <kind>").
+
 A task's phases (task_started, prefill, first_token, task_done) always go to the worker, for its
 flight recorder; spans (runner.prefill, one runner.decode_batch per DECODE_BATCH tokens) only when
 the worker sent the task with `traced` true (tracing on). A few small messages per task either way.
@@ -27,12 +31,13 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from skulk_kernel.api import (
+    SESSION_PROTOCOLS,
     Engine,
     ErrorChunk,
-    ImageGenerationTask,
     Profile,
     RunnerConnecting,
     RunnerFailed,
@@ -42,12 +47,8 @@ from skulk_kernel.api import (
     RunnerRunning,
     RunnerSpec,
     RunnerWarmingUp,
-    SpeechSynthesisTask,
-    TextEmbeddingTask,
-    TextGenerationTask,
-    TranscriptionTask,
-    VideoGenerationTask,
     is_terminal,
+    task_kind,
 )
 
 log = logging.getLogger("skulk.runner")
@@ -66,8 +67,11 @@ def _engine(profile: Profile, engine_name: str) -> Engine:
 
 
 class _Serving:
-    def __init__(self, session: Any, spec: RunnerSpec, context_limit: int, width: int, outq: Any) -> None:
+    def __init__(
+        self, session: Any, spec: RunnerSpec, context_limit: int, width: int, outq: Any, engine_name: str
+    ) -> None:
         self.session = session
+        self.engine_name = engine_name
         self.spec = spec
         self.context_limit = context_limit
         self.outq = outq
@@ -117,16 +121,28 @@ class _Serving:
             return "Cancelled"
         self.outq.put(("ack", task.task_id))
         self._phase(task, "task_started")
-        if isinstance(task, TextEmbeddingTask):
-            self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
-            return "Complete"
-        if isinstance(task, SpeechSynthesisTask | TranscriptionTask):  # speech engines (plugins/speech)
-            speak = self.session.synthesize if isinstance(task, SpeechSynthesisTask) else self.session.transcribe
-            return self._relay(task, speak(task.command_id, task.params, flag.is_set))
-        if isinstance(task, ImageGenerationTask | VideoGenerationTask):  # media engines: progress, then the file
-            make = self.session.generate_image if isinstance(task, ImageGenerationTask) else self.session.generate_video
-            return self._relay(task, make(task.command_id, task.params, flag.is_set))
-        assert isinstance(task, TextGenerationTask)
+        kind = task_kind(task)
+        serve = _SERVE.get(kind)
+        if serve is None or not isinstance(self.session, SESSION_PROTOCOLS[kind]):
+            self.outq.put(("chunk", task.task_id, self._unserved(task, kind)))
+            return "Failed"
+        return serve(self, task, flag, traced)
+
+    def _unserved(self, task: Any, kind: str) -> ErrorChunk:
+        """A task of a kind this session has no Protocol for (a card that lists a task its engine lacks)."""
+        return ErrorChunk(
+            command_id=task.command_id,
+            seq=0,
+            error_type="invalid_request_error",
+            code="unsupported_task",
+            message=f"engine {self.engine_name} does not serve {kind}",
+        )
+
+    def _embed(self, task: Any, flag: threading.Event, traced: bool) -> str:
+        self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
+        return "Complete"
+
+    def _generate(self, task: Any, flag: threading.Event, traced: bool) -> str:
         params = task.params
         prompt = self.session.count_tokens(params)
         wanted = params.sampling.max_tokens or 0
@@ -188,6 +204,27 @@ class _Serving:
         return status
 
 
+def _streamed(method: str) -> Callable[[_Serving, Any, threading.Event, bool], str]:
+    """Serve a kind whose session method streams chunks: `method(command_id, params, cancelled)`."""
+
+    def serve(serving: _Serving, task: Any, flag: threading.Event, traced: bool) -> str:
+        return serving._relay(task, getattr(serving.session, method)(task.command_id, task.params, flag.is_set))
+
+    return serve
+
+
+# task kind -> how to serve it; which session Protocol a kind needs is `SESSION_PROTOCOLS[kind]`
+_SERVE: dict[str, Callable[[_Serving, Any, threading.Event, bool], str]] = {
+    "TextGeneration": _Serving._generate,  # count, check the context, then stream
+    "TextEmbedding": _Serving._embed,  # one chunk
+    "SpeechSynthesis": _streamed("synthesize"),  # speech engines (plugins/speech)
+    "Transcription": _streamed("transcribe"),
+    "ImageGeneration": _streamed("generate_image"),  # media engines: progress, then the file
+    "VideoGeneration": _streamed("generate_video"),
+}
+assert _SERVE.keys() == SESSION_PROTOCOLS.keys(), "a task kind the runner cannot serve"
+
+
 def _exit_with_parent(parent_pid: int) -> None:
     """A runner never outlives its node: if the node is killed outright (kill -9), the runner
     (and the engine memory it holds) goes too, instead of lingering as an orphan."""
@@ -239,7 +276,7 @@ def runner_main(
         outq.put(("status", RunnerFailed(error_message=f"load failed: {type(exc).__name__}: {exc}")))
         outq.put(("fatal", traceback.format_exc()))
         return
-    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq)
+    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq, engine.name)
     while True:
         message = inq.get()
         kind = message[0]

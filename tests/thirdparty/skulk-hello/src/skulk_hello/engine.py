@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from skulk_kernel.api import Chunk, EmbeddingParams, EngineProbe, RunnerSpec, TextGenerationParams, TokenChunk, Usage
+from skulk_kernel.api import Chunk, EngineProbe, RunnerSpec, TextGenerationParams, TokenChunk, Usage
 
 
 def _words(params: TextGenerationParams) -> list[str]:
@@ -40,9 +40,6 @@ class HelloSession:
             finish_reason=reason,  # type: ignore[arg-type]
             usage=Usage(prompt_tokens=self.count_tokens(params), completion_tokens=seq),
         )
-
-    def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
-        raise NotImplementedError("the hello engine does not embed")
 
     def close(self) -> None:
         pass
