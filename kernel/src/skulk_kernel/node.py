@@ -228,22 +228,11 @@ class Node:
         return await self.submitter.submit(command, timeout)
 
     async def post(self, command: Command) -> None:
-        """Send a command whose answer is elsewhere (a request's stream, a cancel): once, no outcome awaited.
+        """Send a command whose answer comes another way (a request's stream, a cancel): once, unawaited.
 
         With no master yet it is held and sent when one is elected.
         """
-        payload = codec.encode(ForwardedCommand(origin=self.node_id, command=command))
-        if self.master_id is not None:
-            await self.publish(Topic.COMMANDS, payload)
-            return
-
-        async def when_elected() -> None:
-            async with asyncio.timeout(SYNC_TIMEOUT_S):
-                while self.master_id is None:
-                    await asyncio.sleep(0.05)
-            await self.publish(Topic.COMMANDS, payload)
-
-        self.spawn(when_elected(), f"post-{command.command_id[:8]}")
+        await self.submitter.post(command)
 
     async def send_outcome(self, origin: str, outcome: Outcome) -> None:
         """The master's answer to `origin` about one of its commands."""

@@ -135,6 +135,19 @@ class Submitter:
         if future is not None and not future.done():
             future.set_result(outcome)
 
+    async def post(self, command: Command) -> None:
+        """Publish once, now or (held) when a master is known; no outcome is awaited."""
+        payload = codec.encode(ForwardedCommand(origin=NodeId(self.node.node_id), command=command))
+        if self.node.master_id is None:
+            self.node.spawn(self._post_when_elected(payload), f"post-{command.command_id[:8]}")
+        else:
+            await self.node.publish(Topic.COMMANDS, payload)
+
+    async def _post_when_elected(self, payload: bytes) -> None:
+        async with asyncio.timeout(HOLD_S):
+            await self._master_known.wait()
+        await self.node.publish(Topic.COMMANDS, payload)
+
     async def submit(self, command: Command, timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:
         command_id = command.command_id
         future = self._waiting.get(command_id)

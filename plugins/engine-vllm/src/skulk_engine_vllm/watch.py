@@ -38,13 +38,16 @@ async def report_exits(node: NodeSurface, run_dir: Path) -> int:
         if InstanceId(instance_id) not in node.state.instances:
             continue
         log.error("instance %s failed: %s", instance_id, record.reason)
-        await node.submit(
-            FailInstance(
-                command_id=CommandId(new_id()),
-                instance_id=InstanceId(instance_id),
-                reason=f"{record.reason}; placing {record.labels.get('model_id', 'the model')} again",
-                replace=True,
-            )
+        node.spawn(
+            node.submit(
+                FailInstance(
+                    command_id=CommandId(new_id()),
+                    instance_id=InstanceId(instance_id),
+                    reason=f"{record.reason}; placing {record.labels.get('model_id', 'the model')} again",
+                    replace=True,
+                )
+            ),
+            "submit",
         )
         sent += 1
     return sent

@@ -247,10 +247,13 @@ class RunnerSupervisor:
         if self.stopping and replace:
             return  # already given up (another task of the same broken group)
         self.stopping = True
-        await self.node.submit(
-            FailInstance(
-                command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason, replace=replace
-            )
+        self.node.spawn(
+            self.node.submit(
+                FailInstance(
+                    command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason, replace=replace
+                )
+            ),
+            "submit",
         )
 
     async def _fail_in_flight(self, reason: str) -> None:

@@ -41,6 +41,13 @@ from .supervisor import RunnerSupervisor
 log = logging.getLogger("skulk.worker")
 
 
+def runner_options(node: Any, plugin: str) -> dict[str, Any]:
+    """The engine plugin's validated table, defaults filled in (RunnerSpec.options; the engine reads it
+    back through its own config model)."""
+    config = node.plugin_config(plugin)
+    return config.model_dump() if config is not None else dict(node.profile.config_for(plugin))
+
+
 class Worker:
     def __init__(self, node: NodeSurface, config: Any) -> None:
         self.node = node
@@ -166,13 +173,16 @@ class Worker:
         except Exception as exc:
             log.exception("could not stage %s", model_id)
             await self.node.emit(DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))
-            await self.node.submit(
-                FailInstance(
-                    command_id=CommandId(new_id()),
-                    instance_id=instance.instance_id,
-                    reason=f"could not stage {model_id} on {node_id}: {exc}",
-                    replace_excluding=NodeId(node_id),
-                )
+            self.node.spawn(
+                self.node.submit(
+                    FailInstance(
+                        command_id=CommandId(new_id()),
+                        instance_id=instance.instance_id,
+                        reason=f"could not stage {model_id} on {node_id}: {exc}",
+                        replace_excluding=NodeId(node_id),
+                    )
+                ),
+                "submit",
             )
             return
         await self.node.emit(DownloadCompleted(node_id=node_id, model_id=model_id, total_bytes=card.storage_size))
@@ -190,7 +200,7 @@ class Worker:
             shard=shard,
             card=card,
             model_path=path,
-            options=self.node.profile.config_for(owner_plugin),
+            options=runner_options(self.node, owner_plugin),
             group=instance.group,
         )
         sup = RunnerSupervisor(self.node, spec, engine_name, profile, instance.context_limit, self.config)
@@ -199,13 +209,16 @@ class Worker:
 
     async def _refuse(self, instance: Any, reason: str) -> None:
         log.error("refusing instance %s: %s", instance.instance_id, reason)
-        await self.node.submit(
-            RefuseInstancePlacement(
-                command_id=CommandId(new_id()),
-                instance_id=instance.instance_id,
-                node_id=self.node.node_id,
-                reason=reason,
-            )
+        self.node.spawn(
+            self.node.submit(
+                RefuseInstancePlacement(
+                    command_id=CommandId(new_id()),
+                    instance_id=instance.instance_id,
+                    node_id=self.node.node_id,
+                    reason=reason,
+                )
+            ),
+            "submit",
         )
 
     async def _stop_runner(self, runner_id: str) -> None:
