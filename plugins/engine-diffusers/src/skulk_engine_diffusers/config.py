@@ -29,3 +29,8 @@ class DiffusersConfig(BaseModel):
     upload_timeout_s: float = Field(default=60.0, gt=0, description="how long a runner waits for an input image")
     url_ttl_s: float = Field(default=3600.0, gt=0, description="how long a response_format=url file is served")
     url_store_bytes: int = Field(default=256 * 2**20, ge=2**20, description="bytes of url files kept in memory")
+
+
+def from_options(options: dict[str, object]) -> DiffusersConfig:
+    """The runner's typed copy of the table (RunnerSpec.options is the node's validated table)."""
+    return DiffusersConfig.model_validate(dict(options))

@@ -45,6 +45,7 @@ from skulk_kernel.api import (
 
 from . import environment
 from .cards import EDITABLE, CardError, image_section, parse_size
+from .config import from_options
 from .pieces import split
 
 log = logging.getLogger("skulk.diffusers")
@@ -100,7 +101,7 @@ class DiffusersEngine:
             raise FileNotFoundError(f"no diffusers folder for {spec.card.model_id} on this node")
         progress(0, 1)
         device = "cuda" if spec.shard.backend.endswith("-cuda") and torch.cuda.is_available() else "cpu"
-        threads = int(spec.options.get("threads", 1))
+        threads = from_options(spec.options).threads
         if threads > 0:
             torch.set_num_threads(threads)
         dtype = torch.float16 if device == "cuda" else torch.float32
@@ -119,8 +120,9 @@ class DiffusersSession:
         self.spec = spec
         self.device = device
         self.image = image_section(spec.card)
-        self.max_pixels = int(spec.options.get("max_pixels", 4096 * 4096))
-        self.upload_timeout_s = float(spec.options.get("upload_timeout_s", 60.0))
+        config = from_options(spec.options)
+        self.max_pixels = config.max_pixels
+        self.upload_timeout_s = config.upload_timeout_s
         self._edit_pipe: Any = None
 
     def close(self) -> None:

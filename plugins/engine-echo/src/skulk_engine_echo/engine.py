@@ -40,6 +40,7 @@ from skulk_kernel.api import (
 )
 
 from .group import EchoGroup
+from .plugin import EchoConfig
 
 ECHO_MODEL = "skulk/echo"
 ECHO_EMBED_MODEL = "skulk/echo-embed"
@@ -228,7 +229,7 @@ class EchoEngine:
         total = spec.card.n_layers
         for layer in range(total):
             progress(layer + 1, total)
-        return EchoSession(spec, float(spec.options.get("token_delay_s", 0.0)))
+        return EchoSession(spec, EchoConfig.model_validate(dict(spec.options)).token_delay_s)
 
 
 class EchoModelStore:

@@ -22,7 +22,7 @@ class EchoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     token_delay_s: float = Field(default=0.0, ge=0, description="pause between tokens (tests)")
-    context_length: int = Field(default=4096, ge=8)
+    context_length: int = Field(default=4096, ge=8, description="context length of the echo cards")
 
 
 @hookimpl

@@ -36,6 +36,7 @@ from skulk_kernel.api import (
 from .admission import DEFAULT_MAX_TOKENS, TokenGate
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from .plugin import llamacpp_config
 
 MINILM_MAX_TOKENS = 256
 QUEUE_KEEPALIVE_S = 5.0
@@ -301,19 +302,21 @@ class LlamaServerEngine(_LlamaEngine):
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
         embedding = "TextEmbedding" in spec.card.tasks
-        opts = spec.options
+        config = llamacpp_config(spec.options)
         server = LlamaServer(
             spec.model_path,
             embedding=embedding,
-            n_parallel=int(opts.get("n_parallel", DEFAULT_SLOTS)),
-            n_threads=int(opts.get("n_threads", 1)),
-            n_threads_batch=opts.get("n_threads_batch"),
-            n_ctx=opts.get("n_ctx"),
-            cache_ram_mib=int(opts.get("cache_ram_mib", 256)),
-            draft_model_path=(opts.get("draft_models") or {}).get(spec.card.model_id) or opts.get("draft_model_path"),
-            draft_max=int(opts.get("draft_max", 8)),
-            after_tool_result=opts.get("after_tool_result", "answer"),
-            n_ubatch=int(opts["n_ubatch"]) if opts.get("n_ubatch") else None,
+            n_parallel=config.n_parallel,
+            n_threads=config.n_threads,
+            n_threads_batch=config.n_threads_batch,
+            n_ctx=config.n_ctx,
+            cache_ram_mib=config.cache_ram_mib,
+            draft_model_path=config.draft_models.get(spec.card.model_id) or config.draft_model_path,
+            draft_max=config.draft_max,
+            after_tool_result=config.after_tool_result,
+            n_ubatch=config.n_ubatch,
+            n_batch=config.n_batch,
+            verbosity=config.verbosity,
         )
         progress(0, spec.card.n_layers)
         server.start()
@@ -335,12 +338,14 @@ class LlamaCppEngine(_LlamaEngine):
 
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
-        opts = spec.options
+        config = llamacpp_config(spec.options)
         backend = LlamaInProcess(
             spec.model_path,
-            n_threads=int(opts.get("n_threads", 1)),
-            n_ctx=opts.get("n_ctx"),
-            logprobs_capable=bool(opts.get("logprobs_inprocess", False)),
+            n_threads=config.n_threads,
+            n_ctx=config.n_ctx,
+            n_batch=config.n_batch or 512,
+            n_ubatch=config.n_ubatch,
+            logprobs_capable=config.logprobs_inprocess,
         )
         progress(0, spec.card.n_layers)
         backend.start()

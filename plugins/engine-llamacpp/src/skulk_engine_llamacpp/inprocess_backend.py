@@ -99,6 +99,7 @@ class LlamaInProcess:
         n_threads: int = 1,
         n_ctx: int | None = None,
         n_batch: int = 512,
+        n_ubatch: int | None = None,
         logprobs_capable: bool = False,
         chat_template: str | None = None,
     ) -> None:
@@ -106,6 +107,7 @@ class LlamaInProcess:
         self.n_threads = n_threads
         self._n_ctx_req = n_ctx
         self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self.logprobs_capable = logprobs_capable
         self._template_override = chat_template
         self._llm: Any = None
@@ -131,6 +133,7 @@ class LlamaInProcess:
                     str(self.model_path),
                     n_ctx=self._n_ctx_req or 0,
                     n_batch=self.n_batch,
+                    n_ubatch=self.n_ubatch or min(self.n_batch, 512),
                     n_threads=self.n_threads,
                     n_threads_batch=self.n_threads,
                     logits_all=self.logprobs_capable,

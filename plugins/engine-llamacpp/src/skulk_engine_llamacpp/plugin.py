@@ -39,6 +39,24 @@ class LlamaCppConfig(BaseModel):
     n_ctx: int | None = Field(default=None, ge=64, description="context tokens (default: the model's)")
     cache_ram_mib: int = Field(default=256, ge=0, description="llama_server RAM prompt cache")
     logprobs_inprocess: bool = Field(default=False, description="llama_cpp: allocate logits for logprobs")
+    n_ubatch: int | None = Field(
+        default=None,
+        ge=1,
+        description="micro-batch llama.cpp evaluates at once (default: 32 on a CPU-only build, batch-exact; "
+        "llama.cpp's 512 with an accelerator)",
+    )
+    n_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens handed to one llama_decode call (default: llama.cpp's, 2048 for llama_server, "
+        "512 for llama_cpp); at least n_ubatch",
+    )
+    verbosity: int = Field(default=0, ge=0, description="llama_server: llama.cpp's log verbosity (stderr)")
+
+
+def llamacpp_config(options: dict[str, Any]) -> LlamaCppConfig:
+    """The runner's typed copy of the table (RunnerSpec.options is the node's validated table)."""
+    return LlamaCppConfig.model_validate(dict(options))
 
 
 @hookimpl

@@ -156,6 +156,7 @@ class LlamaServer:
         request_timeout_s: float = 600.0,
         verbosity: int = 0,
         n_ubatch: int | None = None,
+        n_batch: int | None = None,
     ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
@@ -174,6 +175,7 @@ class LlamaServer:
         n_ubatch: the micro-batch llama.cpp evaluates at once. Default: ``EXACT_UBATCH`` on a CPU-only
         build, which keeps every evaluation bit-identical to one token at a time (see ``_params``;
         measured on CPU only), else llama.cpp's own (512: a GPU prefills far wider batches).
+        n_batch: the tokens one llama_decode call takes (chat only; default llama.cpp's 2048).
         after_tool_result: ``answer`` (default) because small models shown the tool catalog again
         after a result repeat the call they just made: Qwen2.5-Coder-0.5B did so on 4 of 4
         round trips with its own template (and, held to prose, wrote about the call instead),
@@ -196,6 +198,7 @@ class LlamaServer:
         self.request_timeout_s = request_timeout_s
         self.verbosity = verbosity
         self.n_ubatch = n_ubatch
+        self.n_batch = n_batch
         self._server: Any = None
         self._http: Any = None
         self._watcher = CancelWatcher()
@@ -267,6 +270,8 @@ class LlamaServer:
             ubatch = self.n_ubatch or (EXACT_UBATCH if _cpu_only(xlc) else None)
             if ubatch:
                 p.n_ubatch = ubatch
+            if self.n_batch:
+                p.n_batch = self.n_batch
             if self._n_ctx_req:
                 p.n_ctx = self._n_ctx_req
             gguf_template = read_gguf_chat_template(self.model_path)

@@ -30,6 +30,7 @@ from typing import Any
 from skulk_kernel.api import EngineProbe, ModelCard, RunnerSpec, Sharding
 
 from .managed import ManagedServer, ServerSpec, free_port
+from .plugin import VllmConfig, vllm_config
 from .proxy import OpenAIServerSession, VllmCounter
 from .venv import Flavor, detect_flavor, installed_info, venv_python
 
@@ -117,10 +118,11 @@ def flavor_of(backend: str) -> Flavor:
 
 
 def server_command(
-    python: Path, folder: Path, card: ModelCard, flavor: Flavor, port: int, options: dict[str, Any]
+    python: Path, folder: Path, card: ModelCard, flavor: Flavor, port: int, options: VllmConfig | dict[str, Any]
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of one vLLM server (pure: unit-tested without vLLM)."""
-    cap = int(options.get("max_context", MAX_CONTEXT))
+    config = vllm_config(options)
+    cap = config.max_context
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder),
@@ -128,7 +130,7 @@ def server_command(
         "--host", "127.0.0.1",
         "--port", str(port),
         "--max-model-len", str(capped_context(card, cap)),
-        "--max-num-seqs", str(int(options.get("max_num_seqs", 8))),
+        "--max-num-seqs", str(config.max_num_seqs),
         "--generation-config", "vllm",  # the card's sampling defaults, not the folder's
     ]  # fmt: skip
     env = {
@@ -139,17 +141,17 @@ def server_command(
     }
     if flavor == "cpu":
         argv += ["--dtype", "float32", "--enforce-eager"]
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(options.get("cpu_kvcache_gib") or cpu_kvcache_gib(card, cap)))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_gib or cpu_kvcache_gib(card, cap))
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     else:
-        total = options.get("vram_total_bytes") or first_gpu_total_bytes()
+        total = config.vram_total_bytes or first_gpu_total_bytes()
         fraction = gpu_memory_fraction(reservation_bytes(card, cap=cap), int(total or 0))
         argv += ["--gpu-memory-utilization", str(fraction)]
-        if options.get("enforce_eager", False):
+        if config.enforce_eager:
             argv.append("--enforce-eager")
-    if (parser := options.get("tool_parser") or tool_parser(card)) and "tools" in card.capabilities:
+    if (parser := config.tool_parser or tool_parser(card)) and "tools" in card.capabilities:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", str(parser)]
-    argv += [str(a) for a in options.get("extra_args", ())]
+    argv += config.extra_args
     return argv, env
 
 
@@ -209,7 +211,8 @@ class VllmEngine:
             raise RuntimeError(f"{card.model_id} has no model folder on this node")
         folder = spec.model_path if spec.model_path.is_dir() else spec.model_path.parent
         port = free_port()
-        argv, env = server_command(python, folder, card, flavor, port, spec.options)
+        config = vllm_config(spec.options)
+        argv, env = server_command(python, folder, card, flavor, port, config)
         where = run_dir()
         where.mkdir(parents=True, exist_ok=True)
         server = ManagedServer(
@@ -222,7 +225,7 @@ class VllmEngine:
                 key=spec.runner_id,
                 labels={"instance_id": spec.instance_id, "runner_id": spec.runner_id, "model_id": card.model_id},
                 log_path=where / f"{spec.runner_id}.log",
-                ready_timeout_s=float(spec.options.get("ready_timeout_s", 900)),
+                ready_timeout_s=config.ready_timeout_s,
                 stop_grace_s=2.5,  # inside the worker's 5 s join of a stopping runner
             )
         )

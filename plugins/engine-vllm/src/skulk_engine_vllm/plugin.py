@@ -25,6 +25,14 @@ class VllmConfig(BaseModel):
     tool_parser: str | None = Field(default=None, description="override the family's tool parser")
     ready_timeout_s: float = Field(default=900.0, gt=0, description="how long a server may take to load")
     extra_args: list[str] = Field(default_factory=list, description="appended to the vLLM command line")
+    vram_total_bytes: int | None = Field(
+        default=None, ge=1, description="CUDA: the GPU memory to size --gpu-memory-utilization by (default: probed)"
+    )
+
+
+def vllm_config(options: VllmConfig | dict[str, Any]) -> VllmConfig:
+    """The runner's typed copy of the table (RunnerSpec.options is the node's validated table)."""
+    return options if isinstance(options, VllmConfig) else VllmConfig.model_validate(dict(options))
 
 
 @hookimpl

@@ -21,3 +21,8 @@ class SpeechConfig(BaseModel):
     realtime_max_turn_s: float = Field(default=30.0, gt=0, description="a realtime turn is committed at this length")
     vad_threshold: float = Field(default=0.5, gt=0, lt=1, description="Silero speech probability for 'speaking'")
     vad_silence_ms: int = Field(default=500, ge=100, description="silence that ends a realtime turn")
+
+
+def from_options(options: dict[str, object]) -> SpeechConfig:
+    """The runner's typed copy of the table (RunnerSpec.options is the node's validated table)."""
+    return SpeechConfig.model_validate(dict(options))

@@ -43,6 +43,7 @@ from skulk_kernel.api import (
 )
 
 from .cards import audio_section
+from .config import from_options
 
 log = logging.getLogger("skulk.speech.engines")
 
@@ -72,7 +73,7 @@ class PiperSession:
         self.spec = spec
         self.sample_rate = int(voice.config.sample_rate)
         self.voices = tuple(audio_section(spec.card).get("voices", ())) or ("default",)
-        self.deterministic = bool(spec.options.get("deterministic", False))
+        self.deterministic = from_options(spec.options).deterministic
 
     def _config(self, speed: float) -> Any:
         from piper import SynthesisConfig
@@ -160,7 +161,7 @@ class PiperEngine:
         if spec.model_path is None:
             raise FileNotFoundError(f"no voice file for {spec.card.model_id} on this node")
         progress(0, 1)
-        threads = int(spec.options.get("threads", 1))
+        threads = from_options(spec.options).threads
         voice = PiperVoice.load(spec.model_path)
         options = onnxruntime.SessionOptions()  # the voice's session, re-made with our thread count
         options.intra_op_num_threads = threads
@@ -182,8 +183,9 @@ class WhisperSession:
         self.model = model
         self.spec = spec
         self.audio = audio_section(spec.card)
-        self.beam_size = int(spec.options.get("beam_size", 1))
-        self.upload_timeout_s = float(spec.options.get("upload_timeout_s", 60.0))
+        config = from_options(spec.options)
+        self.beam_size = config.beam_size
+        self.upload_timeout_s = config.upload_timeout_s
 
     def close(self) -> None:
         self.model = None
@@ -280,7 +282,7 @@ class WhisperEngine:
             raise FileNotFoundError(f"no model folder for {spec.card.model_id} on this node")
         progress(0, 1)
         model = WhisperModel(
-            str(spec.model_path), device="cpu", compute_type="int8", cpu_threads=int(spec.options.get("threads", 1))
+            str(spec.model_path), device="cpu", compute_type="int8", cpu_threads=from_options(spec.options).threads
         )
         progress(1, 1)
         return WhisperSession(model, spec)

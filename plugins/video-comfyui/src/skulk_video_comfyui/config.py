@@ -19,10 +19,10 @@ class VideoConfig(BaseModel):
     server_command: list[str] = Field(default_factory=list, description="replaces the launch line entirely")
     extra_args: list[str] = Field(default_factory=list, description="more ComfyUI arguments (--cpu, --lowvram)")
     cards_dir: str = Field(default="", description="ComfyUI video cards (*.json) with their workflow files")
-    start_timeout_s: float = Field(default=300.0, gt=0)
-    input_timeout_s: float = Field(default=60.0, gt=0)
-    render_timeout_s: float = Field(default=3600.0, gt=0)
-    max_input_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    start_timeout_s: float = Field(default=300.0, gt=0, description="how long ComfyUI may take to start")
+    input_timeout_s: float = Field(default=60.0, gt=0, description="how long a runner waits for an input image")
+    render_timeout_s: float = Field(default=3600.0, gt=0, description="how long one video may take to render")
+    max_input_bytes: int = Field(default=20 * 1024 * 1024, ge=1, description="largest input_reference image")
 
     def root(self) -> str:
         return self.comfyui_root or os.environ.get("SKULK_COMFY_ROOT", "")
