@@ -108,12 +108,8 @@ def _workspace_root() -> Path | None:
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
-    """A fresh manager with the kernel's hookspecs and trylast defaults (no module globals).
-
-    `add_hookspecs` is called once, here, as a historic call: pluggy replays it into each plugin
-    as `pm.register` meets its implementation, before that plugin's other hookimpls are added, so
-    a plugin's specs exist (and earlier plugins' impls of them are verified) once it is registered.
-    """
+    """A fresh manager with the kernel's hookspecs and trylast defaults (no module globals). The one
+    historic `add_hookspecs` call is replayed by pluggy into each plugin inside its `pm.register`."""
     pm = pluggy.PluginManager("skulk")
     pm.add_hookspecs(hookspecs)
     pm.register(defaults, name="kernel-defaults")
@@ -123,13 +119,10 @@ def new_plugin_manager() -> pluggy.PluginManager:
 
 def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: str) -> None:
     """Register one plugin, refusing a wrapper hookimpl (naming the plugin and the hook): the node
-    calls each implementation on its own, so a wrapper would silently run as a plain one.
-
-    The plugin's `add_hookspecs` runs inside `pm.register` (the historic replay); a spec that
-    redeclares a hook already declared is refused here, naming the plugin."""
+    calls each implementation on its own, so a wrapper would silently run as a plain one."""
     try:
         pm.register(plugin, name=name)
-    except ValueError as exc:  # pm.add_hookspecs: "Hook 'x' is already registered within namespace"
+    except ValueError as exc:  # its add_hookspecs: "Hook 'x' is already registered within namespace"
         raise PluginLoadError(f"plugin {name!r}: its add_hookspecs declares a hook already declared: {exc}") from exc
     for caller in pm.get_hookcallers(plugin) or ():
         for impl in caller.get_hookimpls():
@@ -143,18 +136,13 @@ def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: st
 
 
 def check_unknown_hooks(pm: pluggy.PluginManager) -> None:
-    """Hookimpls no loaded spec declares, once every plugin is loaded (pluggy's check_pending, relaxed).
-
-    A near miss of a declared hook's name (``probe_nodes``) is a misspelling: PluginLoadError.
-    Any other name is a hook of a plugin this profile does not load (``register_api_routes``
-    without api-control): a warning, and the implementation is never called. ``optionalhook=True``
-    on the hookimpl silences the warning.
-    """
-    declared = [name for name, caller in vars(pm.hook).items() if not name.startswith("_") and caller.has_spec()]
-    for name, caller in list(vars(pm.hook).items()):
-        if name.startswith("_") or caller.has_spec():
-            continue
-        for impl in caller.get_hookimpls():
+    """pluggy's check_pending, relaxed: a near miss of a declared hook (``probe_nodes``) is a misspelling
+    and an error; another undeclared hook (``register_api_routes`` without api-control) is a hook of a
+    plugin the profile does not load: a warning (none if ``optionalhook=True``), and never called."""
+    callers = {name: c for name, c in vars(pm.hook).items() if not name.startswith("_")}
+    declared = [name for name, caller in callers.items() if caller.has_spec()]
+    for name, caller in callers.items():
+        for impl in () if caller.has_spec() else caller.get_hookimpls():
             if impl.optionalhook:
                 continue
             if close := difflib.get_close_matches(name, declared, n=1, cutoff=0.9):
