@@ -50,9 +50,9 @@ def ids() -> dict[str, Any]:
     }
 
 
-def serve(session: object, task: Any) -> tuple[str, list[Chunk]]:
+def serve(session: object, task: Any, tasks: frozenset[str] = frozenset(SESSION_PROTOCOLS)) -> tuple[str, list[Chunk]]:
     out: queue.Queue[Any] = queue.Queue()
-    serving = _Serving(session, SPEC, 4096, 1, out, "fake")
+    serving = _Serving(session, SPEC, 4096, 1, out, "fake", tasks)
     serving.cancelled[task.task_id] = threading.Event()
     serving.run_task(task)
     messages = []
@@ -119,3 +119,10 @@ def test_a_kind_the_session_does_not_serve_is_a_clear_error(session: object, tas
     assert error.message == f"engine fake does not serve {task_kind(task)}"
     assert error.code == "unsupported_task" and error.error_type == "invalid_request_error"
     assert "AttributeError" not in error.message
+
+
+def test_a_kind_the_engine_does_not_declare_is_refused_even_if_the_session_has_the_method() -> None:
+    task = TextEmbeddingTask(**ids(), params=EmbeddingParams(model_id=MODEL, inputs=("a",)))
+    status, chunks = serve(EchoSession(SPEC, 0.0), task, frozenset({"TextGeneration"}))
+    assert status == "Failed" and isinstance(chunks[0], ErrorChunk)
+    assert chunks[0].message == "engine fake does not serve TextEmbedding"

@@ -10,8 +10,9 @@ two multiprocessing queues; everything in them is a picklable kernel type.
                       | ("phase", task_id, name, at_ns) | ("span", task_id, name, start_ns, end_ns, attrs)
 
 A task is served by its kind (`task_kind`: TextGeneration, TextEmbedding, SpeechSynthesis, ...):
-`_SERVE` says how, and the session must implement that kind's Protocol (`SESSION_PROTOCOLS`); one
-that does not gets an ErrorChunk coded `unsupported_task` ("engine X does not serve <kind>").
+`_SERVE` says how; the engine must declare the kind (`Engine.tasks`) and its session implement the
+kind's Protocol (`SESSION_PROTOCOLS`), else the task gets an ErrorChunk coded `unsupported_task`
+("engine X does not serve <kind>").
 
 A task's phases (task_started, prefill, first_token, task_done) always go to the worker, for its
 flight recorder; spans (runner.prefill, one runner.decode_batch per DECODE_BATCH tokens) only when
@@ -68,10 +69,18 @@ def _engine(profile: Profile, engine_name: str) -> Engine:
 
 class _Serving:
     def __init__(
-        self, session: Any, spec: RunnerSpec, context_limit: int, width: int, outq: Any, engine_name: str
+        self,
+        session: Any,
+        spec: RunnerSpec,
+        context_limit: int,
+        width: int,
+        outq: Any,
+        engine_name: str,
+        tasks: frozenset[str],
     ) -> None:
         self.session = session
         self.engine_name = engine_name
+        self.tasks = tasks  # Engine.tasks: the kinds the engine declares it serves
         self.spec = spec
         self.context_limit = context_limit
         self.outq = outq
@@ -123,13 +132,13 @@ class _Serving:
         self._phase(task, "task_started")
         kind = task_kind(task)
         serve = _SERVE.get(kind)
-        if serve is None or not isinstance(self.session, SESSION_PROTOCOLS[kind]):
+        if serve is None or kind not in self.tasks or not isinstance(self.session, SESSION_PROTOCOLS[kind]):
             self.outq.put(("chunk", task.task_id, self._unserved(task, kind)))
             return "Failed"
         return serve(self, task, flag, traced)
 
     def _unserved(self, task: Any, kind: str) -> ErrorChunk:
-        """A task of a kind this session has no Protocol for (a card that lists a task its engine lacks)."""
+        """A task of a kind the engine does not declare, or its session has no Protocol for."""
         return ErrorChunk(
             command_id=task.command_id,
             seq=0,
@@ -276,7 +285,7 @@ def runner_main(
         outq.put(("status", RunnerFailed(error_message=f"load failed: {type(exc).__name__}: {exc}")))
         outq.put(("fatal", traceback.format_exc()))
         return
-    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq, engine.name)
+    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq, engine.name, engine.tasks)
     while True:
         message = inq.get()
         kind = message[0]
