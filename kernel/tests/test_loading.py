@@ -392,8 +392,8 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
     pm = build_plugin_manager(profile)
     before, after = Counter(), Counter()
     broken = RecordingPlugin(
-        ["startup", "probe_node", "on_event_applied", "on_master_changed", "wrap_inference", "shutdown"],
-        raising=["startup", "probe_node", "on_event_applied", "on_master_changed", "wrap_inference", "shutdown"],
+        ["startup", "probe_node", "on_event_applied", "on_master_changed", "shutdown"],
+        raising=["startup", "probe_node", "on_event_applied", "on_master_changed", "shutdown"],
     )
     register_plugin(pm, before, "before")
     register_plugin(pm, broken, "broken")
@@ -433,7 +433,6 @@ async def test_node_keeps_running_when_hooks_raise(tmp_path: Path, caplog: pytes
         "probe_node",
         "on_event_applied",
         "on_master_changed",
-        "wrap_inference",
         "shutdown",
     }
     assert {f[1] for f in node.hooks.failures} == {"broken"}

@@ -7,7 +7,7 @@ a registration that is missing a method, and skulk-testing ships a conformance s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -83,8 +83,6 @@ class NodeSurface(Protocol):
     def planners(self) -> Mapping[str, Planner]: ...
     @property
     def model_stores(self) -> Mapping[str, ModelStore]: ...
-    @property
-    def middleware(self) -> Sequence[InferenceMiddleware]: ...
     def engine_owner(self, engine_name: str) -> str:
         """The plugin that registered `engine_name` (a runner loads only that plugin)."""
 

@@ -208,18 +208,3 @@ def shutdown(node: NodeSurface) -> Any:
     Called once on every node on SIGINT/SIGTERM, in reverse load order. May return an awaitable.
     Results are ignored.
     """
-
-
-# ============================== middleware =======================================================
-
-
-@hookspec
-def wrap_inference(node: NodeSurface) -> Any:
-    """Return an InferenceMiddleware (contracts.InferenceMiddleware) or None.
-
-    Called once at start-up on nodes that serve the API. All non-None results are collected; for
-    every inference request the API calls each middleware's ``transform(command)`` in order before
-    dispatch (each sees the previous one's output) and ``observe(command, chunk)`` for every chunk
-    after. Middleware never owns the stream: a raising middleware is logged and skipped for that
-    request.
-    """

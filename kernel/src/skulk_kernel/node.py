@@ -99,7 +99,6 @@ class Node:
         self.started_at = time.time()
         self.health_notes: dict[str, dict[str, str]] = {}  # plugin-reported conditions
         self.facts: dict[str, Any] = {}
-        self.middleware: list[Any] = []
         self.services = Services()  # plugin-published per-node objects, by typed key
         self._config_models: dict[str, type[BaseModel]] = {}
         self._plugin_config: dict[str, BaseModel] = {}
@@ -430,7 +429,6 @@ class Node:
         self.transports["control"].on_peer(
             lambda peer: loop.call_soon_threadsafe(lambda: self.spawn(self._on_peer(peer), "peer-event"))
         )
-        self.middleware = self.hooks.call("wrap_inference", node=self)
         await self.hooks.acall("startup", node=self, reverse=True)  # in load order
         if self.elections:
             election = next(iter(self.elections.values()))

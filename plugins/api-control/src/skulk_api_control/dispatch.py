@@ -34,6 +34,7 @@ from skulk_kernel.api import (
 )
 
 from .continuation import RESUMABLE_CODES, Resumer
+from .middleware import middleware_of
 from .routing import router_for
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
@@ -216,7 +217,7 @@ async def start(
     finally:
         if beside is not None and not beside.done():
             beside.cancel()
-    observers = list(node.middleware) if observe else []
+    observers = list(middleware_of(node)) if observe else []
     handle = InferenceHandle(node, command.command_id, iterator, first, command=command, observers=observers)
     await _raise_early(handle, early_errors)
     return handle
@@ -337,7 +338,7 @@ async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | No
 
 def _transform(node: NodeSurface, command: Any) -> Any:
     """Each middleware's transform in order; a raising one is logged and skipped."""
-    for middleware in node.middleware:
+    for middleware in middleware_of(node):
         try:
             command = middleware.transform(command)
         except Exception:

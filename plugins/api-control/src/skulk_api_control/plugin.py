@@ -47,6 +47,9 @@ def on_event_applied(node: NodeSurface, event: Any) -> None:
 
 @hookimpl
 async def startup(node: NodeSurface) -> None:
+    from .middleware import collect_middleware
+
+    collect_middleware(node)  # wrap_inference, api-control's hook: before any request
     if node.options.no_api:
         return
     from .server import serve
