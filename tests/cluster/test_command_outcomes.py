@@ -140,7 +140,7 @@ def test_refusals_carry_the_masters_reason_and_failover_answers_definitely(tmp_p
         # acceptance 2: an unknown model and an impossible placement, refused by the master, say so unchanged
         unknown = follower.post("/place_instance", json={"model_id": "nobody/nothing-here"})
         wide = follower.post("/place_instance", json={"model_id": "skulk/echo", "min_nodes": 7})
-        assert unknown.status_code == 404, unknown.text
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_model", unknown.text
         assert wide.status_code in (400, 503), wide.text
         for refused in (unknown, wide):
             reason = refused.json()["error"]["message"]

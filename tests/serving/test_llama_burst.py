@@ -38,8 +38,8 @@ def tiny_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     node = start_node("cpu-llamacpp", "--no-default-models", home=tmp_path_factory.mktemp("burst"), env=env)
     try:
         node.wait_api(timeout=60)
-        add = {"path": str(path), "model_id": TINY}  # 503 not_confirmed while the new master settles
-        node.wait_until(lambda: node.post("/models/add", json=add).status_code == 200, 90, f"{TINY} added")
+        added = node.post("/models/add", json={"path": str(path), "model_id": TINY}, timeout=30)
+        assert added.status_code == 200, added.text  # held until the node's own master session begins
         place_until_listed(node, TINY)
         node.wait_ready(TINY, timeout=120)
         yield node

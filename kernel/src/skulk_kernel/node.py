@@ -26,7 +26,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import codec
 from .apply import apply
-from .commands import Command, ForwardedCommand
+from .commands import Command
 from .contracts import PeerEvent
 from .events import Connection, Event, IndexedEvent, LocalEvent, TopologyEdgeCreated, TopologyEdgeDeleted
 from .hooks import GuardedHooks, NodeError, Registry, collect

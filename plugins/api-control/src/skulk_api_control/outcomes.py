@@ -2,7 +2,7 @@
 
 A route submits its command with `node.submit(command)` and passes the outcome here: an indexed
 command goes on to the route's success body; a refused one becomes a 4xx carrying the master's
-reason unchanged (404 for what does not exist, 503 when the cluster is still learning about
+reason unchanged (404 for an id that does not exist, 503 when the cluster is still learning about
 itself, 400 otherwise); no master, or no confirmation within the bound, is a 503 that says which.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 from skulk_kernel.api import Outcome
 
-NOT_FOUND_KINDS = frozenset({"unknown_model", "model_not_found", "instance_not_found", "not_found"})
+# a placement of an unknown model stays 400 `unknown_model`, as the reference answers it
+NOT_FOUND_KINDS = frozenset({"model_not_found", "instance_not_found", "not_found"})
 
 
 def outcome_status(outcome: Outcome) -> int:

@@ -20,10 +20,11 @@ from skulk_kernel.api import (
     DeleteInstance,
     ErrorChunk,
     NodeSurface,
+    Outcome,
     PlaceInstance,
     PlacementError,
-    PluginDataSet,
     SamplingParams,
+    SetPluginData,
     TextGeneration,
     TextGenerationParams,
     TokenChunk,
@@ -145,22 +146,19 @@ class StewardService:
         """Approve or reject a pending proposal; waits until the decision is in this node's State."""
         proposals.check_decidable(self.node.state, pid, now())
         if approve:
-            await self._emit(f"approval/{pid}", {"approved_at": now().isoformat(), "by": by, "node": self.node.node_id})
+            key, value = f"approval/{pid}", {"approved_at": now().isoformat(), "by": by, "node": self.node.node_id}
         else:
-            rejected = proposals._outcome(pid, "rejected", now(), self.node.node_id, f"rejected by {by}")
-            await self._emit(*rejected)
-        deadline = time.monotonic() + 10.0
-        key = f"approval/{pid}" if approve else f"outcome/{pid}"
-        while key not in proposals.data(self.node.state) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if key not in proposals.data(self.node.state):
-            raise proposals.ProposalRefused(
-                503, "the master did not confirm the decision in time; retry", "not_confirmed"
-            )
+            key, value = proposals._outcome(pid, "rejected", now(), self.node.node_id, f"rejected by {by}")
+        outcome = await self._emit(key, value)
+        if not outcome.ok:
+            status = 400 if outcome.status == "refused" else 503
+            raise proposals.ProposalRefused(status, outcome.reason, outcome.kind or outcome.status)
         return {"id": pid, "status": proposals.status_of(self.node.state, pid)}
 
-    async def _emit(self, key: str, value: Any) -> None:
-        await self.node.emit(PluginDataSet(plugin=PLUGIN, key=key, value=value))
+    async def _emit(self, key: str, value: Any) -> Outcome:
+        """Set one key of the steward's replicated data through the master (indexed here when it returns)."""
+        command = SetPluginData(command_id=CommandId(new_id()), plugin=PLUGIN, entries=((key, value),))
+        return await self.node.submit(command)
 
     # ------------------------------------------------------------------ the master's duties
 
@@ -219,9 +217,7 @@ class StewardService:
             else:
                 if key.startswith("outcome/") and value and value.get("status") == "dispatched":
                     self.dispatched.add(key.removeprefix("outcome/"))
-                await self._emit(key, value)
-        if work:  # let the outcome be indexed before the next tick reads it
-            await asyncio.sleep(0.2)
+                await self._emit(key, value)  # indexed and applied here before the next tick reads it
 
     # ------------------------------------------------------------------ the canary
 
