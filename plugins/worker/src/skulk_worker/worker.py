@@ -41,7 +41,7 @@ from .supervisor import RunnerSupervisor
 log = logging.getLogger("skulk.worker")
 
 
-def runner_options(node: Any, plugin: str) -> dict[str, Any]:
+def runner_options(node: NodeSurface, plugin: str) -> dict[str, Any]:
     """The engine plugin's validated table, defaults filled in (RunnerSpec.options; the engine reads it
     back through its own config model)."""
     config = node.plugin_config(plugin)
