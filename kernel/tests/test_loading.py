@@ -222,7 +222,7 @@ def test_a_hook_of_a_plugin_that_is_not_loaded_is_logged_not_a_crash(
     fake_plugin: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     install_greeters(fake_plugin, "alone")
-    with caplog.at_level(logging.INFO, logger="skulk.plugins"):
+    with caplog.at_level(logging.DEBUG, logger="skulk.plugins"):
         pm = build_plugin_manager(profile_of("greet-before", "engine-echo"))
     assert "plugin 'greet-before' implements hook 'greet', which no loaded plugin declares" in caplog.text
     assert pm.hook.greet.spec is None  # never called by anyone: its owner is not loaded

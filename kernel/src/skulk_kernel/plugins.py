@@ -138,7 +138,7 @@ def register_plugin(pm: pluggy.PluginManager, plugin: ModuleType | Any, name: st
 def check_unknown_hooks(pm: pluggy.PluginManager) -> None:
     """pluggy's check_pending, relaxed: a near miss of a declared hook (``probe_nodes``) is a misspelling
     and an error; another undeclared hook (``register_api_routes`` without api-control) is a hook of a
-    plugin the profile does not load (a runner, `engines status`): logged at INFO, and never called."""
+    plugin the profile does not load (a runner, `engines status`): logged at DEBUG, never called."""
     callers = {name: c for name, c in vars(pm.hook).items() if not name.startswith("_")}
     declared = [name for name, caller in callers.items() if caller.has_spec()]
     for name, caller in callers.items():
@@ -150,7 +150,7 @@ def check_unknown_hooks(pm: pluggy.PluginManager) -> None:
                     f"plugin {impl.plugin_name!r}: unknown hook {name!r} (did you mean {close[0]!r}?); "
                     "the hooks are listed in docs/hooks.md"
                 )
-            log.info(
+            log.debug(
                 "plugin %r implements hook %r, which no loaded plugin declares: it is never called on this "
                 "node (a hook of a plugin the profile does not load, or a misspelling; see docs/hooks.md)",
                 impl.plugin_name,

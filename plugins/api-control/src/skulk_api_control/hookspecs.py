@@ -4,7 +4,7 @@ api-control adds this module through its `add_hookspecs` implementation (plugin.
 exist on every node that loads api-control, whichever order the profile lists the plugins in.
 Implement them with the kernel's marker (``from skulk_kernel import hookimpl``); documented in
 docs/hooks.md under "Plugin api-control". On a node without api-control nobody declares or calls
-them: the loader logs that (INFO) and the node runs on.
+them: the loader logs that (DEBUG) and the node runs on.
 """
 
 from __future__ import annotations
