@@ -38,7 +38,7 @@ def test_bad_profile_is_a_clear_error(node_factory, tmp_path):
 
 
 def test_engines_command_finds_every_installed_engine_installer():
-    """The kernel owns `engines`; engine plugins offer installers whatever the profile (no clash)."""
+    """The worker owns `engines`; engine plugins offer installers whatever the profile (no clash)."""
     import subprocess
     import sys
 

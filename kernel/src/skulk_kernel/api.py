@@ -47,8 +47,8 @@ from .instances import (
     ShardMetadata, Sharding, TensorShardMetadata, instance_ready,
 )
 from .models import ModelCard, ModelTask
-from .outcomes import HOLD_S, AnsweredCommands, Outcome, OutcomeStatus
-from .placement import STALE_AFTER_S, capacities, catalog, plan_placement, resolve_card
+from .outcomes import HOLD_S, Outcome, OutcomeStatus
+from .catalog import catalog, resolve_card
 from .plugins import (
     PluginLoadError, build_plugin_manager, installed_plugins, kernel_version, new_plugin_manager, register_plugin,
 )

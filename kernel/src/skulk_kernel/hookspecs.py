@@ -120,8 +120,9 @@ def register_cli_commands(cli: Any) -> None:
 def register_engine_installers(register: Callable[[EngineInstaller], None]) -> None:
     """Offer ``skulk-kernel engines install NAME`` for an engine that lives in its own environment.
 
-    Called by the CLI's ``engines`` command for every installed plugin (an engine is installed
-    before a profile uses it). All registrations are collected; the first of one name wins.
+    Called in the CLI process by the ``engines`` command (the worker plugin's), for every installed
+    plugin (an engine is installed before a profile uses it). All registrations are collected; the
+    first of one name wins.
     """
 
 

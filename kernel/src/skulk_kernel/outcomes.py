@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from . import codec
 from .commands import Command, ForwardedCommand
@@ -34,7 +32,7 @@ from .topics import Topic
 from .wire import WireModel
 
 if TYPE_CHECKING:
-    from .state import State
+    from .node import Node
 
 log = logging.getLogger("skulk.outcomes")
 HOLD_S = 60.0  # how long a command without an outcome is still delivered after its caller gave up
@@ -72,45 +70,10 @@ class Outcome(WireModel):
         return self.status == "indexed"
 
 
-class AnsweredCommands:
-    """The master's memory of the outcomes it gave this session, so a command sent again gets the same one."""
-
-    def __init__(self, limit: int = 10_000) -> None:
-        self._limit = limit
-        self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
-
-    def get(self, command_id: str) -> Outcome | None:
-        return self._outcomes.get(command_id)
-
-    def remember(self, outcome: Outcome) -> None:
-        self._outcomes[outcome.command_id] = outcome
-        self._outcomes.move_to_end(outcome.command_id)
-        while len(self._outcomes) > self._limit:
-            self._outcomes.popitem(last=False)
-
-    def clear(self) -> None:
-        self._outcomes.clear()
-
-
-class SubmitHost(Protocol):
-    """What the submitter needs of its node (the kernel's Node)."""
-
-    @property
-    def node_id(self) -> str: ...
-    @property
-    def master_id(self) -> str | None: ...
-    @property
-    def state(self) -> State: ...
-
-    async def publish(self, topic: Topic, payload: bytes) -> None: ...
-    async def wait_for(self, predicate: Callable[[State], bool], timeout: float) -> State: ...
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
-
-
 class Submitter:
     """The sending half: `submit()` -> Outcome, with holding and resending as the module says."""
 
-    def __init__(self, node: SubmitHost) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self._waiting: dict[str, asyncio.Future[Outcome]] = {}
         self._master_known = asyncio.Event()

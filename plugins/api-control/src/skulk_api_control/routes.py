@@ -26,9 +26,9 @@ from skulk_kernel.api import (
     PlacementError,
     SetTracingEnabled,
     new_id,
-    plan_placement,
     resolve_card,
 )
+from skulk_master.placement import plan_placement
 from skulk_worker import WORKER
 
 from .continuation import stats_for

@@ -23,7 +23,6 @@ from typing import Any
 
 from pydantic import ValidationError
 from skulk_kernel.api import (
-    AnsweredCommands,
     CommandId,
     Decision,
     DecisionView,
@@ -48,15 +47,16 @@ from skulk_kernel.api import (
     Topic,
     Unpark,
     apply,
-    capacities,
     codec,
     decide,
     new_id,
     resolve_card,
 )
 
+from .answered import AnsweredCommands
 from .duties import decide_prune, decide_report, decide_session_start
 from .eventlog import EventLog, EventLogStatus
+from .placement import capacities
 from .planner import MemoryPlanner
 from .plugin import MasterConfig
 

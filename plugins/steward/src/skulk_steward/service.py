@@ -31,8 +31,8 @@ from skulk_kernel.api import (
     catalog,
     instance_ready,
     new_id,
-    plan_placement,
 )
+from skulk_master.placement import plan_placement
 
 from . import keeper, proposals
 from .config import MODEL_REF, PLUGIN, StewardConfig

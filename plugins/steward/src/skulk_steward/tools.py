@@ -28,8 +28,8 @@ from skulk_kernel.api import (
     catalog,
     instance_ready,
     new_id,
-    plan_placement,
 )
+from skulk_master.placement import plan_placement
 
 from . import proposals
 from .config import PLUGIN, ROLE, STEWARD, StewardConfig

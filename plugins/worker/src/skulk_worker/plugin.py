@@ -31,6 +31,13 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 
 
 @hookimpl
+def register_cli_commands(cli: Any) -> None:
+    from .engines_cli import add_engines_command
+
+    add_engines_command(cli)
+
+
+@hookimpl
 async def startup(node: NodeSurface) -> None:
     if node.options.no_worker:
         return

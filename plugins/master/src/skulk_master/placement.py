@@ -1,42 +1,27 @@
-"""The glue between State, live telemetry and the registered model stores and Planner.
+"""Placement from a node's own view: live capacities from telemetry, and a dry run of the master's rule.
 
-The master places with it and the API dry-runs with it, so a caller of POST /place_instance gets
-exactly the refusal the master would have produced; every node resolves a model reference through
-the same catalog.
+The master decides with `capacities()`; the API (`GET /instance/placement`, previews) and the steward
+dry-run with `plan_placement()`, which runs the same pure `skulk_kernel.api.place` over the same
+inputs, so a preview refuses exactly as the master would. Part of the master plugin rather than
+the kernel: placement is the master's capability, the kernel only owns the pure rule.
 """
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from .commands import PlaceInstance
-from .contracts import NodeCapacity
-from .instances import Instance
-from .models import ModelCard
-from .state import State
-from .telemetry import NodeMemory, NodeResources
-
-if TYPE_CHECKING:
-    from .contracts import NodeSurface
-
-
-def catalog(node: NodeSurface) -> dict[str, ModelCard]:
-    """Every card this node knows: model stores first, custom cards (in State) override."""
-    cards: dict[str, ModelCard] = {}
-    for store in node.model_stores.values():
-        with contextlib.suppress(Exception):
-            cards.update(store.catalog())
-    cards |= dict(node.state.custom_model_cards.items())
-    return cards
-
-
-def resolve_card(node: NodeSurface, ref: str) -> ModelCard | None:
-    cards = catalog(node)
-    found = node.hooks.call("resolve_model", firstresult=True, ref=ref, catalog=cards)
-    return found[0] if found else None
-
+from skulk_kernel.api import (
+    DecisionView,
+    Instance,
+    NodeCapacity,
+    NodeMemory,
+    NodeResources,
+    NodeSurface,
+    PlaceInstance,
+    State,
+    place,
+    resolve_card,
+)
 
 STALE_AFTER_S = 2.5 * 2.0  # readings go stale after two heartbeat intervals (plus jitter)
 
@@ -71,8 +56,6 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
 
 def plan_placement(node: NodeSurface, command: PlaceInstance, state: State | None = None) -> Instance:
     """An Instance for `command`, or a PlacementError that says why not (the master's own rule)."""
-    from .decide import DecisionView, place
-
     view = DecisionView(
         master_id=node.node_id,
         now=datetime.now(UTC),
