@@ -44,7 +44,7 @@ from .instances import (
     GROUP_FORMATION_DEADLINE_S, SERVING_STATUSES, Instance, PipelineShardMetadata, RankGroup, RingInstance,
     RunnerConnected, RunnerConnecting, RunnerFailed, RunnerIdle, RunnerLoaded, RunnerLoading, RunnerReady,
     RunnerRunning, RunnerShutdown, RunnerShuttingDown, RunnerStatus, RunnerWarmingUp, ShardAssignments, ShardBase,
-    ShardMetadata, Sharding, TensorShardMetadata, instance_ready,
+    ShardMetadata, Sharding, TensorShardMetadata, instance_ready, KvCacheType,
 )
 from .models import ModelCard, ModelTask
 from .outcomes import HOLD_S, Outcome, OutcomeStatus

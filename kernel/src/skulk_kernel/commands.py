@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 from pydantic import Field
 
 from .ids import CommandId, InstanceId, ModelId, NodeId
-from .instances import Instance, Sharding
+from .instances import Instance, KvCacheType, Sharding
 from .models import ModelCard
 from .tasks import EmbeddingParams, MediaParams, SpeechParams, TextGenerationParams
 from .wire import Tagged, WireModel, tagged_union
@@ -29,6 +29,8 @@ class PlaceInstance(CommandBase):
     min_nodes: int = Field(default=1, ge=1)
     excluded_nodes: tuple[NodeId, ...] = ()
     system_role: str | None = None  # stamped on the instance (see RingInstance.system_role)
+    context_tokens: int | None = Field(default=None, ge=1)  # None: the planner's default
+    kv_cache_type: KvCacheType = "f16"
 
 
 class CreateInstance(CommandBase):

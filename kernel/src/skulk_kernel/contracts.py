@@ -163,6 +163,8 @@ class PlacementRequest:
     sharding: str = "Pipeline"
     min_nodes: int = 1
     excluded_nodes: tuple[str, ...] = ()
+    context_tokens: int | None = None  # None: the planner chooses
+    kv_cache_type: str = "f16"
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class NodeCapacity:
     splits: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # backend -> Engine.splits
     addresses: tuple[str, ...] = ()  # IPv4 addresses a rank on this node can listen on
     vram_available: int | None = None  # GPU memory free over this node's GPUs; None without a GPU
+    os: str = ""  # NodeSystem.os ("Darwin": Metal's unified memory)
 
 
 class PlacementError(Exception):
@@ -220,6 +223,8 @@ class RunnerSpec:
     model_path: Path | None
     options: dict[str, Any] = field(default_factory=dict)
     group: RankGroup | None = None  # how this rank reaches the others (None: a single rank)
+    context_limit: int | None = None  # the instance's context (tokens): the engine's KV size
+    kv_cache_type: str = "f16"
 
 
 @runtime_checkable

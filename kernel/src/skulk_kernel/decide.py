@@ -160,9 +160,8 @@ def place(state: State, command: cmd.PlaceInstance, view: DecisionView) -> Insta
         )
     members = set(state.topology.nodes)
     live = {k: v for k, v in view.capacities.items() if not members or k in members}
-    request = PlacementRequest(
-        model=card, sharding=command.sharding, min_nodes=command.min_nodes, excluded_nodes=command.excluded_nodes
-    )
+    c = command  # (PlacementRequest's fields, in order)
+    request = PlacementRequest(card, c.sharding, c.min_nodes, c.excluded_nodes, c.context_tokens, c.kv_cache_type)
     instance = view.planner.place(request, state, live, command.command_id)
     return instance.model_copy(update={"system_role": command.system_role}) if command.system_role else instance
 
@@ -205,6 +204,8 @@ def replacement(lost: Instance, seed: str, *, min_nodes: int, excluded: tuple[No
         min_nodes=min_nodes,
         excluded_nodes=excluded,
         system_role=lost.system_role,
+        context_tokens=lost.context_limit,
+        kv_cache_type=lost.kv_cache_type,
     )
 
 

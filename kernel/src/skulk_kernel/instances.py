@@ -20,6 +20,7 @@ from .ids import InstanceId, ModelId, NodeId, RunnerId
 from .wire import Tagged, WireModel, tagged_union
 
 Sharding = Literal["Pipeline", "Tensor"]
+KvCacheType = Literal["f16", "q8_0", "q4_0"]
 GROUP_FORMATION_DEADLINE_S = 120.0
 
 
@@ -74,6 +75,8 @@ class RingInstance(Tagged):
     excluded_nodes: tuple[NodeId, ...] = ()
     group: RankGroup | None = Field(default=None, description="None for a single-rank instance")
     system_role: str | None = Field(default=None, description='a cluster service ("steward"), not a user model')
+    kv_cache_type: KvCacheType = "f16"
+    reserved_bytes: dict[NodeId, int] = Field(default_factory=dict, description="memory admitted, per node")
 
 
 Instance: TypeAlias = RingInstance
