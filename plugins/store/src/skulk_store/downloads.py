@@ -53,6 +53,8 @@ class Downloads:
         self._locks: dict[str, threading.Lock] = {}
         self._cancel: dict[str, threading.Event] = {}
         self.active: dict[str, dict[str, Any]] = {}
+        #: (bytes, what) -> raises `disk.InsufficientDisk` when they do not fit (set by the store)
+        self.ensure_room: Callable[[int, str], None] = lambda _need, _what: None
 
     def folder(self, folder_name: str) -> Path:
         return self.root / folder_name
@@ -87,6 +89,9 @@ class Downloads:
             cancel = self._cancel.setdefault(card.model_id, threading.Event())
             cancel.clear()
             folder = self.folder(folder_name)
+            # before the first byte (the intent file included): what is left to fetch must fit
+            need = sum(max(0, f.size - hub.bytes_on_disk(folder, f)) for f in model.files)
+            self.ensure_room(need, f"downloading {card.model_id}")
             folder.mkdir(parents=True, exist_ok=True)
             (folder / INTENT).write_text(json.dumps({"card": card.wire()}))
             reporter = self._reporter(card.model_id, {f.name: f.size for f in model.files})

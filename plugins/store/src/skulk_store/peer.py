@@ -325,6 +325,8 @@ class PeerFetcher:
         if not sources:
             return None
         files = {n: src_meta for n, src_meta in sources[0].files.items() if not pinned or n in pinned}
+        # the holder's manifest gives the sizes: refuse before the first byte when they do not fit
+        store.ensure_room(sum(int(m["size"]) for m in files.values()), f"copying {card.model_id} from peers")
         staging.mkdir(parents=True, exist_ok=True)
         reporter = store._reporter(card.model_id, {n: int(m["size"]) for n, m in files.items()}, "copying from peers")
         began = time.monotonic()

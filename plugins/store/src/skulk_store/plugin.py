@@ -37,6 +37,17 @@ class StoreConfig(BaseModel):
     staging_budget_bytes: int | None = Field(
         default=None, ge=0, description="bytes staged copies may take; least recently used ones not in use go first"
     )
+    disk_headroom_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="bytes kept free on the models directory's disk: a download or staging copy that would leave "
+        "less is refused before it starts (507 insufficient_disk)",
+    )
+    low_disk_bytes: int | None = Field(
+        default=2 << 30,
+        ge=0,
+        description="free space of the models directory under which the node's health says low_disk (None: never)",
+    )
 
 
 @hookimpl
@@ -63,6 +74,8 @@ def configure(node: NodeSurface) -> None:
         model_dirs=tuple(Path(d).expanduser() for d in config.model_dirs),
         role=config.role,
         staging_budget=config.staging_budget_bytes,
+        disk_headroom=config.disk_headroom_bytes,
+        low_disk_bytes=config.low_disk_bytes,
     )
     node.facts["models_dir"] = str(store.models_dir)
     node.services.publish(STORE, store)

@@ -137,10 +137,19 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
             card = await asyncio.to_thread(hub.card_for, model, model_id or repo_id)
         except hub.HubError as exc:
             return _error(400, str(exc), "hub_refused")
+        service, store = node.services.get(STORE_SERVICE), node.services.get(STORE)
+        started = bool(body.get("download", True)) and service is not None
+        if started and store is not None:  # refused before the card is added and before any byte is written
+            from .disk import InsufficientDisk
+
+            try:
+                await asyncio.to_thread(store.check_room, card)
+            except InsufficientDisk as exc:
+                return _error(
+                    507, f'{exc} (nothing was added; "download": false adds the card alone)', InsufficientDisk.code
+                )
         if (refused := await confirm(card)) is not None:
             return refused
-        service = node.services.get(STORE_SERVICE)
-        started = bool(body.get("download", True)) and service is not None
         if started and service is not None:
             service.download_in_background(card.model_id)
         return {

@@ -37,6 +37,7 @@ from .store import LocalModelStore
 log = logging.getLogger("skulk.store.service")
 RESTORE_WAIT_S = 30.0  # a node restarted alone may wait for its election before the master exists
 REPUBLISH_S = 3.0
+DISK_PROBE_ROUNDS = 5  # the inventory loop's rounds (1 s each) between two free-space probes
 
 
 class StoreService:
@@ -91,9 +92,33 @@ class StoreService:
 
         self.node.facts["models_present"] = inventory(self.store)
 
+    def probe_disk(self) -> str | None:
+        """Set (or clear) the `low_disk` health note from the models directory's free space."""
+        from .disk import low_disk
+        from .plugin import PLUGIN
+
+        note = low_disk(self.store.models_dir, self.store.low_disk_bytes)
+        notes = self.node.health_notes.get(PLUGIN, {})
+        if note is not None:
+            if "low_disk" not in notes:  # logged when it starts, not every probe
+                log.warning("low disk: %s", note)
+            self.node.health_notes[PLUGIN] = {**notes, "low_disk": note}
+        elif "low_disk" in notes:
+            log.info("disk space of %s recovered", self.store.models_dir)
+            rest = {k: v for k, v in notes.items() if k != "low_disk"}
+            if rest:
+                self.node.health_notes[PLUGIN] = rest
+            else:
+                self.node.health_notes.pop(PLUGIN, None)
+        return note
+
     async def _inventory_loop(self) -> None:
+        rounds = 0
         while not self.node.stopping:
             await asyncio.to_thread(self.publish_inventory)
+            if rounds % DISK_PROBE_ROUNDS == 0:  # one statvfs every few seconds
+                await asyncio.to_thread(self.probe_disk)
+            rounds += 1
             try:
                 await self._publish_registry()
             except Exception as exc:  # a master change mid-emit: the next round repairs it

