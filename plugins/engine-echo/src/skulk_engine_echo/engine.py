@@ -9,6 +9,9 @@ and every API adapter can be tested fast and exactly. Special prompts exercise f
 * ``/slow``               -> 50 ms between tokens (cancellation tests)
 * ``/hang``               -> never answers and ignores cancellation: a wedged engine (flight
   recorder tests); the runner stays stuck until its worker stops it
+
+With ``hang_model = true`` in ``[plugins.engine-echo]`` the store also offers ``skulk/echo-hang``,
+whose ``load`` never returns (the worker's load deadline tests); without it no card has that id.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ from .plugin import EchoConfig
 
 ECHO_MODEL = "skulk/echo"
 ECHO_EMBED_MODEL = "skulk/echo-embed"
+ECHO_HANG_MODEL = "skulk/echo-hang"
 EMBED_DIMS = 16
 
 
-def echo_cards(context_length: int = 4096) -> dict[str, ModelCard]:
-    return {
+def echo_cards(context_length: int = 4096, hang_model: bool = False) -> dict[str, ModelCard]:
+    cards = {
         ECHO_MODEL: ModelCard(
             model_id=ECHO_MODEL,
             n_layers=2,
@@ -72,6 +76,11 @@ def echo_cards(context_length: int = 4096) -> dict[str, ModelCard]:
             compatible_backends=("echo-cpu",),
         ),
     }
+    if hang_model:
+        cards[ECHO_HANG_MODEL] = cards[ECHO_MODEL].model_copy(
+            update={"model_id": ECHO_HANG_MODEL, "storage_size": 2**20}  # 1 MiB: the deadline's floor applies
+        )
+    return cards
 
 
 def tokenize(text: str) -> list[str]:
@@ -227,6 +236,10 @@ class EchoEngine:
 
     def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> EchoSession:
         total = spec.card.n_layers
+        if spec.card.model_id == ECHO_HANG_MODEL and EchoConfig.model_validate(dict(spec.options)).hang_model:
+            progress(0, total)
+            while True:  # a load that never finishes: only the worker's deadline (a kill) ends it
+                time.sleep(3600)
         for layer in range(total):
             progress(layer + 1, total)
         return EchoSession(spec, EchoConfig.model_validate(dict(spec.options)).token_delay_s)
@@ -237,11 +250,12 @@ class EchoModelStore:
 
     name = "echo"
 
-    def __init__(self, context_length: int = 4096) -> None:
+    def __init__(self, context_length: int = 4096, hang_model: bool = False) -> None:
         self.context_length = context_length
+        self.hang_model = hang_model
 
     def catalog(self) -> dict[str, ModelCard]:
-        return echo_cards(self.context_length)
+        return echo_cards(self.context_length, self.hang_model)
 
     def local_path(self, model_id: str) -> Path | None:
         return None

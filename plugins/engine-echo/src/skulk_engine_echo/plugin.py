@@ -23,6 +23,9 @@ class EchoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     token_delay_s: float = Field(default=0.0, ge=0, description="pause between tokens (tests)")
     context_length: int = Field(default=4096, ge=8, description="context length of the echo cards")
+    hang_model: bool = Field(
+        default=False, description="offer skulk/echo-hang, whose load never finishes (load deadline tests)"
+    )
 
 
 @hookimpl
@@ -42,7 +45,7 @@ def register_model_stores(register: Callable[[Any], None], node: NodeSurface) ->
     from .engine import EchoModelStore
 
     config = (node.plugin_config(PLUGIN) if node is not None else None) or EchoConfig()
-    register(EchoModelStore(config.context_length))
+    register(EchoModelStore(config.context_length, hang_model=config.hang_model))
 
 
 @hookimpl

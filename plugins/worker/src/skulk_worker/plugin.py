@@ -22,7 +22,15 @@ class WorkerConfig(BaseModel):
     crash_window_s: float = Field(default=120.0, gt=0)
     restart_backoff_s: float = Field(default=1.0, ge=0)
     memory_tolerance: float = Field(default=0.10, ge=0, le=1, description="pre-spawn guard slack")
-    load_timeout_s: float = Field(default=600.0, gt=0)
+    load_timeout_s: float = Field(
+        default=600.0, gt=0, description="load deadline floor: seconds a runner may take from spawn to loaded"
+    )
+    load_s_per_gib: float = Field(
+        default=30.0, ge=0, description="load deadline per GiB of the runner's weights, when over the floor"
+    )
+    load_retries: int = Field(
+        default=1, ge=0, description="missed load deadlines in a row re-placed anywhere; then without this node"
+    )
 
 
 @hookimpl

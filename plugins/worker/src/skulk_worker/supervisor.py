@@ -5,6 +5,12 @@ master (LOCAL_EVENTS) and chunks straight to the owning API node (data plane). W
 dies unexpectedly every in-flight task is failed at once so no stream hangs, and the runner is
 restarted with exponential backoff until it has crashed `max_restarts` times inside the window;
 then the instance is failed with the reason, which shows in /state.
+
+A runner must report loaded within its load deadline (`load_deadline_s`: the worker's
+`load_timeout_s` floor, or `load_s_per_gib` per GiB of its weights share if that is longer, plus
+the group's formation deadline for a rank of a multi-rank instance). One that does not is killed
+(its process, at once) and the instance is failed and placed again; after `load_retries` misses in
+a row for the same model on this node, it is placed again without this node.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from skulk_kernel.api import (
     CommandId,
     ErrorChunk,
     FailInstance,
+    NodeId,
     NodeSurface,
     Profile,
     RunnerFailed,
@@ -34,6 +41,7 @@ from skulk_kernel.api import (
     TaskAcknowledged,
     TaskFailed,
     TaskStatusUpdated,
+    TensorShardMetadata,
     is_terminal,
     new_id,
 )
@@ -42,6 +50,25 @@ from .runner import runner_main
 
 log = logging.getLogger("skulk.worker")
 _SPAWN = multiprocessing.get_context("spawn")
+GIB = 2**30
+
+
+def weights_share(card: Any, shard: Any) -> float:
+    """Bytes of the model's weights a shard holds (a tensor rank 1/world, a pipeline rank its
+    layers' share)."""
+    if isinstance(shard, TensorShardMetadata):
+        share = 1 / shard.world_size
+    else:
+        share = (shard.end_layer - shard.start_layer) / shard.n_layers
+    return float(card.storage_size) * share
+
+
+def load_deadline_s(spec: RunnerSpec, config: Any) -> float:
+    """How long a runner may take from spawn to loaded: the floor, or scaled by its weights share,
+    plus the group's formation deadline when it is a rank of a multi-rank instance."""
+    scaled = config.load_s_per_gib * weights_share(spec.card, spec.shard) / GIB
+    formation = spec.group.formation_deadline_s if spec.group is not None else 0.0
+    return max(config.load_timeout_s, scaled) + formation
 
 
 def _optional_observe() -> Any:
@@ -79,6 +106,10 @@ class RunnerSupervisor:
     crashes: deque[float] = field(default_factory=deque)
     stopping: bool = False
     ready: bool = False
+    load_misses: dict[str, int] = field(default_factory=dict)  # the worker's: model id -> deadlines missed in a row
+    loaded: bool = False
+    load_started: float = 0.0  # monotonic, when the current process was spawned
+    _deadline: asyncio.TimerHandle | None = None
     drafted: int = 0  # speculative decoding, over this runner's life: tokens the draft proposed ...
     draft_accepted: int = 0  # ... and how many of them the model kept (from the final chunks' stats)
     _reader: threading.Thread | None = None
@@ -98,6 +129,8 @@ class RunnerSupervisor:
             daemon=True,
         )
         self.process.start()
+        self.loaded = False
+        self.load_started = time.monotonic()
         self._phase("spawned")
         log.info(
             "runner %s for %s started (pid %s, engine %s)",
@@ -107,6 +140,12 @@ class RunnerSupervisor:
             self.engine_name,
         )
         loop = asyncio.get_running_loop()
+        process = self.process
+        self._disarm()
+        self._deadline = loop.call_later(
+            load_deadline_s(self.spec, self.config),
+            lambda: self._spawn_on_loop(self._load_overdue(process)),
+        )
         self._reader = threading.Thread(
             target=self._read, args=(loop, self.process, self.outq), daemon=True, name=f"reader-{self.runner_id[:8]}"
         )
@@ -173,6 +212,10 @@ class RunnerSupervisor:
         if kind == "status":
             status = message[1]
             self.ready = type(status).__name__ in ("RunnerReady", "RunnerRunning")
+            if not self.loaded and type(status).__name__ in ("RunnerLoaded", "RunnerWarmingUp", "RunnerReady"):
+                self.loaded = True
+                self._disarm()
+                self.load_misses.pop(self.spec.card.model_id, None)
             self._phase(type(status).__name__)
             await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=status))
         elif kind == "ack":
@@ -219,8 +262,45 @@ class RunnerSupervisor:
                 f"runner failed to load {self.spec.card.model_id}: {message[1].strip().splitlines()[-1]}"
             )
 
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    async def _load_overdue(self, process: Any) -> None:
+        """The load deadline passed: kill the process, fail the instance and have it placed again."""
+        if process is not self.process or self.loaded or self.stopping or self.node.stopping:
+            return
+        self.stopping = True  # the exit that follows is not a crash to restart
+        model_id = self.spec.card.model_id
+        waited = time.monotonic() - self.load_started
+        misses = self.load_misses.get(model_id, 0) + 1
+        self.load_misses[model_id] = misses
+        gib = weights_share(self.spec.card, self.spec.shard) / GIB
+        again = "placing it again"
+        if misses > self.config.load_retries:
+            again += f" without node {self.node.node_id} (missed {misses} times in a row here)"
+        reason = (
+            f"runner {self.runner_id} of instance {self.spec.instance_id} did not finish loading {model_id} "
+            f"within {load_deadline_s(self.spec, self.config):.0f} s (deadline scaled by its {gib:.3g} GiB "
+            f"of weights); {again}"
+        )
+        log.error("%s (killing pid %s after %.1f s)", reason, process.pid, waited)
+        self._phase("load_deadline", detail=reason)
+        process.kill()  # a wedged load may ignore SIGTERM; nothing in it is worth saving
+        await asyncio.to_thread(process.join, 5)
+        if process.is_alive():
+            log.error("runner %s (pid %s) did not die after SIGKILL", self.runner_id, process.pid)
+        await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerFailed(error_message=reason)))
+        if misses > self.config.load_retries:
+            self._submit_fail(reason, excluding=self.node.node_id)
+        else:
+            self._submit_fail(reason, replace=True)
+
     async def _on_exit(self, process: Any) -> None:
         code = process.exitcode
+        if process is self.process:
+            self._disarm()  # a restart arms a new deadline
         self._phase("exited", detail=f"exit code {code}")
         await self._fail_in_flight(f"the runner process exited unexpectedly (exit code {code})")
         if self.stopping or process is not self.process or self.node.stopping:
@@ -247,14 +327,18 @@ class RunnerSupervisor:
         if self.stopping and replace:
             return  # already given up (another task of the same broken group)
         self.stopping = True
-        self.node.spawn(
-            self.node.submit(
-                FailInstance(
-                    command_id=CommandId(new_id()), instance_id=self.spec.instance_id, reason=reason, replace=replace
-                )
-            ),
-            "submit",
+        self._disarm()
+        self._submit_fail(reason, replace=replace)
+
+    def _submit_fail(self, reason: str, *, replace: bool = False, excluding: str | None = None) -> None:
+        command = FailInstance(
+            command_id=CommandId(new_id()),
+            instance_id=self.spec.instance_id,
+            reason=reason,
+            replace=replace,
+            replace_excluding=NodeId(excluding) if excluding is not None else None,
         )
+        self.node.spawn(self.node.submit(command), "submit")
 
     async def _fail_in_flight(self, reason: str) -> None:
         for task_id, flight in list(self.in_flight.items()):
@@ -279,6 +363,7 @@ class RunnerSupervisor:
 
     async def stop(self, timeout: float = 5.0) -> None:
         self.stopping = True
+        self._disarm()
         await self._fail_in_flight("the instance is shutting down")
         process = self.process
         if process is None:

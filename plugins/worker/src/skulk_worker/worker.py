@@ -31,12 +31,11 @@ from skulk_kernel.api import (
     TaskCreated,
     TaskFailed,
     TaskStatusUpdated,
-    TensorShardMetadata,
     catalog,
     new_id,
 )
 
-from .supervisor import RunnerSupervisor
+from .supervisor import RunnerSupervisor, weights_share
 
 log = logging.getLogger("skulk.worker")
 
@@ -54,6 +53,7 @@ class Worker:
         self.config = config
         self.runners: dict[str, RunnerSupervisor] = {}  # runner id -> supervisor
         self._starting: dict[str, asyncio.Task[Any]] = {}
+        self.load_misses: dict[str, int] = {}  # model id -> load deadlines missed in a row on this node
 
     async def on_event(self, indexed: IndexedEvent, before: Any, after: Any) -> None:
         event = indexed.event
@@ -113,9 +113,8 @@ class Worker:
                 return Path(found)
         return None
 
-    def _memory_refusal(self, card: Any, share: float) -> str | None:
+    def _memory_refusal(self, need: float) -> str | None:
         """The pre-spawn guard: refuse only a shortfall beyond the tolerance (live vs gossip jitter)."""
-        need = card.storage_size * share
         available = psutil.virtual_memory().available
         if need > available * (1 + self.config.memory_tolerance):
             return f"needs {need / 2**20:.0f} MiB for its weights but only {available / 2**20:.0f} MiB is available now"
@@ -141,12 +140,7 @@ class Worker:
             )
             await self._refuse(instance, why)
             return
-        share = (
-            (1 / shard.world_size)
-            if isinstance(shard, TensorShardMetadata)
-            else ((shard.end_layer - shard.start_layer) / shard.n_layers)
-        )
-        refusal = self._memory_refusal(card, share)
+        refusal = self._memory_refusal(weights_share(card, shard))
         if refusal:
             await self._refuse(instance, refusal)
             return
@@ -202,8 +196,12 @@ class Worker:
             model_path=path,
             options=runner_options(self.node, owner_plugin),
             group=instance.group,
+            context_limit=instance.context_limit,
+            kv_cache_type=instance.kv_cache_type,
         )
-        sup = RunnerSupervisor(self.node, spec, engine_name, profile, instance.context_limit, self.config)
+        sup = RunnerSupervisor(
+            self.node, spec, engine_name, profile, instance.context_limit, self.config, load_misses=self.load_misses
+        )
         self.runners[runner_id] = sup
         sup.start()
 
