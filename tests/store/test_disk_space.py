@@ -94,6 +94,12 @@ def _health(node: NodeProcess) -> dict:
     return node.state()["nodeHealth"][node.get("/node_id").json()]
 
 
+def _failed_downloads(node: NodeProcess) -> dict:
+    state = node.state()
+    mine = state["downloads"].get(node.get("/node_id").json(), {})
+    return {m: s for m, s in mine.items() if "Failed" in str(s)}
+
+
 def _store_notes(node: NodeProcess) -> list[dict]:
     return [r for r in _health(node)["reasons"] if r["message"].startswith("store: ")]
 
@@ -165,5 +171,30 @@ def test_a_download_larger_than_the_disk_is_refused_before_any_byte(tmp_path: Pa
             assert deleted.status_code == 200, deleted.text
             wait(lambda: not _store_notes(node), 20, "the low-disk note cleared")
             assert node.get("/store/storage").json()["disk"]["low_disk"] is None
+
+            # 5. a placement whose staging needs the download: the instance fails with the same reason
+            big = hub.repos["acme/too-big"]
+            card = {
+                "model_id": "acme/too-big-echo",
+                "n_layers": 2,
+                "hidden_size": 64,
+                "tasks": ["TextGeneration"],
+                "storage_size": sum(f.size for f in big.files.values()),
+                "compatible_backends": ["echo-cpu"],
+                "source": {
+                    "kind": "hub",
+                    "repo_id": "acme/too-big",
+                    "revision": big.commit,
+                    "main_file": "",
+                    "files": {n: {"size": f.size, "sha256": f.sha256} for n, f in big.files.items()},
+                },
+            }
+            assert node.post("/models/add-card", json={"card": card}).status_code == 200
+            placed = node.post("/place_instance", json={"model_id": "acme/too-big-echo"})
+            assert placed.status_code == 200, placed.text
+            failed = wait(lambda: _failed_downloads(node).get("acme/too-big-echo"), 30, "the staging failure")
+            assert "downloading acme/too-big-echo needs 16.0 MiB (+ 1.0 MiB headroom)" in str(failed), failed
+            wait(lambda: not node.state()["instances"], 30, "the failed instance removed")
+            assert hub.sent_for("big.safetensors") == 0 and node.files() == []
         finally:
             node.stop()
