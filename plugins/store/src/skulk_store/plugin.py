@@ -46,7 +46,7 @@ class StoreConfig(BaseModel):
     low_disk_bytes: int | None = Field(
         default=2 << 30,
         ge=0,
-        description="free space of the models directory under which the node's health says low_disk (None: never)",
+        description="free space of the models directory under which the node's health says low_disk (0: never)",
     )
 
 
