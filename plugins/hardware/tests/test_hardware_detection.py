@@ -131,10 +131,18 @@ def test_an_override_that_contradicts_the_hardware() -> None:
         (CPU_DEVICES, ("cpu",)),
         (CUDA_DEVICES, ("cpu", "cuda")),
         ([*CPU_DEVICES, {"name": "ROCm0", "description": "Radeon RX 7900 XTX"}], ("cpu", "rocm")),
+        ([*CPU_DEVICES, {"name": "MTL0", "description": "Apple M2 Max"}], ("cpu", "metal")),
+        ([*CPU_DEVICES, {"name": "Vulkan0", "description": "NVIDIA GeForce RTX 4090"}], ("cpu", "vulkan")),
     ],
 )
 def test_llama_cpp_device_lists(devices: list[dict[str, str]], computes: tuple[str, ...]) -> None:
     assert llama_computes(devices) == computes
+
+
+def test_a_vulkan_build_serves_any_gpu_but_apples() -> None:
+    vulkan = [*CPU_DEVICES, {"name": "Vulkan0", "description": "NVIDIA GeForce RTX 4090"}]
+    assert "llama_server-vulkan" in derive_backends(linux("nvml-one-4090.json", XLLAMACPP_CPU, vulkan))
+    assert derive_backends(linux("nvml-none.json", XLLAMACPP_CPU, vulkan)) == ["llama_server-cpu"]
 
 
 def test_this_machine_probes_without_error() -> None:

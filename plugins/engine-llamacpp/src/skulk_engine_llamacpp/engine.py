@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import time
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -33,11 +34,14 @@ from skulk_kernel.api import (
     Usage,
 )
 
+from .accel import Compute, OffloadPlan, detect_build, gpu_free_bytes, layer_bytes, plan_offload
+from .accel import backend_tags as accel_tags
 from .admission import DEFAULT_MAX_TOKENS, TokenGate
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
-from .plugin import llamacpp_config
+from .plugin import LlamaCppConfig, llamacpp_config
 
+log = logging.getLogger("skulk.engine.llamacpp")
 MINILM_MAX_TOKENS = 256
 QUEUE_KEEPALIVE_S = 5.0
 DEFAULT_SLOTS = 16  # llama_server slots decoding together (the token gate keeps them in the KV pool)
@@ -56,10 +60,31 @@ def _version(dist: str, module: str) -> str | None:
 def probe_builds() -> dict[str, str]:
     builds = {}
     if v := _version("xllamacpp", "xllamacpp"):
-        builds["llama_server"] = f"xllamacpp {v}"
+        builds["llama_server"] = f"xllamacpp {v}{_build_label('xllamacpp', 'xllamacpp')}"
     if v := _version("llama-cpp-python", "llama_cpp"):
-        builds["llama_cpp"] = f"llama-cpp-python {v}"
+        builds["llama_cpp"] = f"llama-cpp-python {v}{_build_label('llama-cpp-python', 'llama_cpp')}"
     return builds
+
+
+def _build_label(dist: str, module: str) -> str:
+    build = detect_build(dist, module)
+    return "" if build == "cpu" else f" ({build} build)"
+
+
+def offload_plan(config: LlamaCppConfig, spec: RunnerSpec, vram_free: int | None) -> OffloadPlan:
+    """The runner's n_gpu_layers: on a GPU tag all of the shard's layers, or those that fit ``vram_free``
+    by the card's per-layer size; on a ``-cpu`` tag none (the planner admitted it against RAM)."""
+    card = spec.card
+    shard = spec.shard
+    n_layers = shard.end_layer - shard.start_layer if shard.end_layer > shard.start_layer else card.n_layers
+    if shard.backend.rpartition("-")[2] == "cpu":
+        return OffloadPlan(0, n_layers + 1, f"placed on {shard.backend}")
+    per_layer = layer_bytes(card, spec.context_limit or config.n_ctx, spec.kv_cache_type)
+    return plan_offload(config.n_gpu_layers, n_layers, per_layer, vram_free)
+
+
+def _report(plan: OffloadPlan, model_id: str) -> None:
+    (log.info if plan.full or plan.layers == 0 else log.warning)("%s: %s", model_id, plan.summary())
 
 
 def to_messages(params: TextGenerationParams) -> list[dict[str, Any]]:
@@ -123,6 +148,8 @@ class LlamaSession:
         self.tag = tag
         #: parallel slots share one KV pool: requests reserve prompt + output there (see admission.py)
         self.gate = gate
+        #: the layers on the GPU and why (None: a CPU build)
+        self.offload: OffloadPlan | None = None
 
     def count_tokens(self, params: TextGenerationParams) -> int:
         if params.raw_prompt is not None:
@@ -284,8 +311,18 @@ class _LlamaEngine:
             return EngineProbe(available=False, reason=f"{self.dist} is not installed")
         return EngineProbe(available=True, version=version)
 
+    def build(self) -> Compute:
+        """What the installed package was built for (cpu, cuda, rocm, vulkan, metal)."""
+        return detect_build(self.dist, self.module)
+
     def backend_tags(self, facts: dict[str, Any]) -> list[str]:
-        return [f"{self.name}-cpu"] if self.probe().available else []
+        if not self.probe().available:
+            return []
+        return accel_tags(self.name, self.build(), facts)
+
+    def _tag(self, plan: OffloadPlan | None) -> str:
+        """The backend in each response's stats: the build's GPU tag when layers run there."""
+        return f"{self.name}-{self.build()}" if plan is not None and plan.layers > 0 else f"{self.name}-cpu"
 
 
 class LlamaServerEngine(_LlamaEngine):
@@ -303,6 +340,16 @@ class LlamaServerEngine(_LlamaEngine):
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
         embedding = "TextEmbedding" in spec.card.tasks
         config = llamacpp_config(spec.options)
+        plan = None
+        if self.build() != "cpu":  # a CPU build starts exactly as before
+            import xllamacpp as xlc
+
+            kinds = xlc.ggml_backend_dev_type
+            free = gpu_free_bytes(
+                xlc.get_device_info(), (kinds.GGML_BACKEND_DEVICE_TYPE_GPU, kinds.GGML_BACKEND_DEVICE_TYPE_IGPU)
+            )
+            plan = offload_plan(config, spec, free)
+            _report(plan, spec.card.model_id)
         server = LlamaServer(
             spec.model_path,
             embedding=embedding,
@@ -317,12 +364,15 @@ class LlamaServerEngine(_LlamaEngine):
             n_ubatch=config.n_ubatch,
             n_batch=config.n_batch,
             verbosity=config.verbosity,
+            n_gpu_layers=plan.layers if plan is not None else None,
         )
         progress(0, spec.card.n_layers)
         server.start()
         progress(spec.card.n_layers, spec.card.n_layers)
         gate = None if embedding else TokenGate(server.context_length, max_running=server.n_parallel)
-        return LlamaSession(server, spec, "llama_server-cpu", gate)
+        session = LlamaSession(server, spec, self._tag(plan), gate)
+        session.offload = plan
+        return session
 
 
 class LlamaCppEngine(_LlamaEngine):
@@ -339,6 +389,14 @@ class LlamaCppEngine(_LlamaEngine):
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
         config = llamacpp_config(spec.options)
+        plan = None
+        if self.build() != "cpu":
+            import llama_cpp
+
+            # llama-cpp-python lists no free device memory: auto offloads everything it can
+            gpu = bool(llama_cpp.llama_supports_gpu_offload())
+            plan = offload_plan(config, spec, 1 << 62 if gpu else None)
+            _report(plan, spec.card.model_id)
         backend = LlamaInProcess(
             spec.model_path,
             n_threads=config.n_threads,
@@ -346,8 +404,11 @@ class LlamaCppEngine(_LlamaEngine):
             n_batch=config.n_batch or 512,
             n_ubatch=config.n_ubatch,
             logprobs_capable=config.logprobs_inprocess,
+            n_gpu_layers=plan.layers if plan is not None else 0,
         )
         progress(0, spec.card.n_layers)
         backend.start()
         progress(spec.card.n_layers, spec.card.n_layers)
-        return LlamaSession(backend, spec, "llama_cpp-cpu")
+        session = LlamaSession(backend, spec, self._tag(plan))
+        session.offload = plan
+        return session

@@ -102,6 +102,7 @@ class LlamaInProcess:
         n_ubatch: int | None = None,
         logprobs_capable: bool = False,
         chat_template: str | None = None,
+        n_gpu_layers: int = 0,
     ) -> None:
         self.model_path = Path(model_path)
         self.n_threads = n_threads
@@ -109,6 +110,7 @@ class LlamaInProcess:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.logprobs_capable = logprobs_capable
+        self.n_gpu_layers = n_gpu_layers  # layers on the GPU of a GPU build (0: all on the CPU)
         self._template_override = chat_template
         self._llm: Any = None
         self._lock = threading.Lock()
@@ -137,6 +139,7 @@ class LlamaInProcess:
                     n_threads=self.n_threads,
                     n_threads_batch=self.n_threads,
                     logits_all=self.logprobs_capable,
+                    n_gpu_layers=self.n_gpu_layers,
                     verbose=False,
                 )
             except Exception as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skulk_kernel import hookimpl
 
 PLUGIN = "engine-llamacpp"
@@ -52,6 +52,18 @@ class LlamaCppConfig(BaseModel):
         "512 for llama_cpp); at least n_ubatch",
     )
     verbosity: int = Field(default=0, ge=0, description="llama_server: llama.cpp's log verbosity (stderr)")
+    n_gpu_layers: int | Literal["auto"] = Field(
+        default="auto",
+        description="a GPU build's layers on the GPU: auto = all of them, or those that fit the free VRAM "
+        "by the card's per-layer size (logged); an int is taken as given (0: CPU only). A CPU build ignores it",
+    )
+
+    @field_validator("n_gpu_layers")
+    @classmethod
+    def _not_negative(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("n_gpu_layers is a count of layers (0 or more) or 'auto'")
+        return value
 
 
 def llamacpp_config(options: dict[str, Any]) -> LlamaCppConfig:
@@ -70,6 +82,14 @@ def register_engines(register: Callable[[Any], None]) -> None:
 
     register(LlamaServerEngine())
     register(LlamaCppEngine())
+
+
+@hookimpl
+def register_engine_installers(register: Callable[[Any], None]) -> None:
+    from .installer import LlamaCppInstaller
+
+    for backend in ("cuda", "rocm", "vulkan"):
+        register(LlamaCppInstaller(backend))
 
 
 @hookimpl

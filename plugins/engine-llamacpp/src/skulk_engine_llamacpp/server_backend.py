@@ -157,6 +157,7 @@ class LlamaServer:
         verbosity: int = 0,
         n_ubatch: int | None = None,
         n_batch: int | None = None,
+        n_gpu_layers: int | None = None,
     ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
@@ -176,6 +177,8 @@ class LlamaServer:
         build, which keeps every evaluation bit-identical to one token at a time (see ``_params``;
         measured on CPU only), else llama.cpp's own (512: a GPU prefills far wider batches).
         n_batch: the tokens one llama_decode call takes (chat only; default llama.cpp's 2048).
+        n_gpu_layers: layers a GPU build puts on the GPU (block count + 1 = all, the output layer
+        too); None leaves llama.cpp's default untouched (a CPU build: nothing to offload).
         after_tool_result: ``answer`` (default) because small models shown the tool catalog again
         after a result repeat the call they just made: Qwen2.5-Coder-0.5B did so on 4 of 4
         round trips with its own template (and, held to prose, wrote about the call instead),
@@ -199,6 +202,7 @@ class LlamaServer:
         self.verbosity = verbosity
         self.n_ubatch = n_ubatch
         self.n_batch = n_batch
+        self.n_gpu_layers = n_gpu_layers
         self._server: Any = None
         self._http: Any = None
         self._watcher = CancelWatcher()
@@ -229,6 +233,8 @@ class LlamaServer:
         p.n_parallel = self.n_parallel
         p.cpuparams.n_threads = self.n_threads
         p.cpuparams_batch.n_threads = self.n_threads_batch
+        if self.n_gpu_layers is not None:
+            p.n_gpu_layers = self.n_gpu_layers
         if self.draft_model_path is not None and not self.embedding:
             draft = p.speculative.draft
             draft.mparams.path = str(self.draft_model_path)

@@ -32,6 +32,8 @@ def compute_available(hw: NodeHardware, compute: str, engine: str = "") -> bool:
     if compute == "cpu":
         return True
     vendor = COMPUTE_VENDOR.get(compute)
+    if compute == "vulkan":  # any GPU but Apple's (Apple silicon has no Vulkan driver)
+        return any(g.vendor != "apple" for g in hw.gpus)
     gpus = [g for g in hw.gpus if g.vendor == vendor]
     if compute == "cuda" and engine in MIN_COMPUTE_CAPABILITY:
         floor = MIN_COMPUTE_CAPABILITY[engine]

@@ -170,12 +170,23 @@ def _system_profiler() -> str:
 # ------------------------------------------------------------------------------ the engines' own lists
 
 
+#: ggml's device names: CUDA0, ROCm0, Vulkan0, MTL0 (older builds: Metal)
+LLAMA_DEVICE_NEEDLES = (
+    ("cuda", "cuda"),
+    ("rocm", "rocm"),
+    ("hip", "rocm"),
+    ("metal", "metal"),
+    ("mtl", "metal"),
+    ("vulkan", "vulkan"),
+)
+
+
 def llama_computes(devices: list[dict[str, Any]]) -> tuple[str, ...]:
     """What a llama.cpp build can run on, from ggml's device list (``xllamacpp.get_device_info()``)."""
     found = ["cpu"]
     for dev in devices:
         label = f"{dev.get('name', '')} {dev.get('description', '')}".lower()
-        for needle, compute in (("cuda", "cuda"), ("rocm", "rocm"), ("hip", "rocm"), ("metal", "metal")):
+        for needle, compute in LLAMA_DEVICE_NEEDLES:
             if needle in label and compute not in found:
                 found.append(compute)
     return tuple(found)
