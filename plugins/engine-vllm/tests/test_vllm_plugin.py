@@ -36,6 +36,11 @@ def test_context_is_capped_at_32768() -> None:
     assert argv[argv.index("--max-model-len") + 1] == "32768"
 
 
+def test_the_placements_context_is_the_max_model_len() -> None:
+    argv, _ = server_command(Path("/py"), Path("/m"), BIG, "cuda", 8000, {"vram_total_bytes": 80 * GiB}, 8192)
+    assert argv[argv.index("--max-model-len") + 1] == "8192"
+
+
 def test_gpu_fraction_comes_from_the_reservation() -> None:
     reserved = reservation_bytes(BIG)
     # 16 GiB x 1.25 + KV(32k x 28 layers x 8 heads x 128 x 2 x 2 B = 3.5 GiB) + 256 MiB

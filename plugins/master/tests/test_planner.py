@@ -67,7 +67,7 @@ def test_exact_fit_is_refused():
     need = planner.need_bytes(CARD, 1.0, 1)
     nodes = {"a": NodeCapacity(node_id="a", ram_available=need, ram_total=need * 2, backends=("llama_server-cpu",))}
     with pytest.raises(PlacementError):
-        planner.place(PlacementRequest(model=CARD), State(), nodes, "i")
+        planner.place(PlacementRequest(model=CARD, context_tokens=2048), State(), nodes, "i")
 
 
 def test_pipeline_split_over_two_nodes_covers_every_layer_once():

@@ -21,6 +21,7 @@ from skulk_kernel.api import (
     DeleteInstance,
     Instance,
     InstanceId,
+    ModelCard,
     NodeSurface,
     PlaceInstance,
     PlacementError,
@@ -29,6 +30,7 @@ from skulk_kernel.api import (
     resolve_card,
 )
 from skulk_master.placement import plan_placement
+from skulk_master.planner import memory_breakdown
 from skulk_worker import WORKER
 
 from .continuation import stats_for
@@ -81,8 +83,20 @@ def _placement_body(body: dict[str, Any]) -> PlaceInstance:
         "sharding": body.get("sharding", "Pipeline"),
         "min_nodes": body.get("min_nodes", 1),
         "excluded_nodes": tuple(body.get("excluded_nodes") or ()),
+        "context_tokens": body.get("context_tokens"),
+        "kv_cache_type": body.get("kv_cache_type") or "f16",
     }
     return PlaceInstance.model_validate(data)
+
+
+def _context_error(command: PlaceInstance, card: ModelCard | None) -> JSONResponse | None:
+    """A 400 for a context_tokens above the card's own context length."""
+    if card is None or command.context_tokens is None or command.context_tokens <= card.context_length:
+        return None
+    message = (
+        f"context_tokens={command.context_tokens} exceeds {card.model_id}'s context length ({card.context_length})"
+    )
+    return error(400, message, "context_too_long", "context_tokens")
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
@@ -144,6 +158,8 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         except ValueError as exc:
             return error(400, str(exc), "invalid_instance_meta", "instance_meta")
         card = resolve_card(node, command.model_id)
+        if (too_long := _context_error(command, card)) is not None:
+            return too_long
         if card is not None:  # the master resolves it too, and refuses what its catalog lacks
             command = command.model_copy(update={"model_id": card.model_id})
         # each replica is its own placement; the master sequences them and the planner puts each
@@ -178,7 +194,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             return failure
         return {"message": "instance created", "command_id": command.command_id, "instance_id": instance.instance_id}
 
-    def _previews_for(model_id: str, excluded: tuple[str, ...]) -> list[dict[str, Any]]:
+    def _previews_for(model_id: str, excluded: tuple[str, ...], options: dict[str, Any]) -> list[dict[str, Any]]:
         out = []
         width = max(1, len(node.state.topology.nodes))
         for sharding in ("Pipeline", "Tensor"):
@@ -189,6 +205,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
                     sharding=sharding,
                     min_nodes=min_nodes,
                     excluded_nodes=excluded,
+                    **options,
                 )
                 entry: dict[str, Any] = {
                     "model_id": model_id,
@@ -197,6 +214,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
                     "min_nodes": min_nodes,
                     "instance": None,
                     "memory_delta_by_node": {},
+                    "memory_by_node": {},
                     "error": None,
                 }
                 try:
@@ -210,31 +228,54 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
                         shard = instance.shard_assignments.runner_to_shard[rid]
                         share = (shard.end_layer - shard.start_layer) / shard.n_layers
                         entry["memory_delta_by_node"][nid] = int(card.storage_size * share) if card else 0
+                    entry["memory_by_node"] = memory_breakdown(card, instance) if card else {}
                 out.append(entry)
         return out
 
     @app.get("/instance/previews")
-    async def previews(model_id: str, excluded_node_ids: str = "") -> Any:
+    async def previews(
+        model_id: str, excluded_node_ids: str = "", context_tokens: int | None = None, kv_cache_type: str = "f16"
+    ) -> Any:
         card = resolve_card(node, model_id)
         if card is None:
             return error(404, f"model {model_id!r} is not in the catalog", "model_not_found", "model_id")
         excluded = tuple(n for n in excluded_node_ids.split(",") if n)
-        return {"previews": _previews_for(card.model_id, excluded)}
+        body = {"model_id": card.model_id, "context_tokens": context_tokens, "kv_cache_type": kv_cache_type}
+        try:
+            checked = _placement_body(body)
+        except ValidationError as exc:
+            message, where = _validation_message(exc)
+            return error(400, message, "invalid_placement", where)
+        if (too_long := _context_error(checked, card)) is not None:
+            return too_long
+        options = {"context_tokens": checked.context_tokens, "kv_cache_type": checked.kv_cache_type}
+        return {"previews": _previews_for(card.model_id, excluded, options)}
 
     @app.get("/instance/placement")
     async def placement(
-        model_id: str, sharding: str = "Pipeline", instance_meta: str = "MlxRing", min_nodes: int = 1
+        model_id: str,
+        sharding: str = "Pipeline",
+        instance_meta: str = "MlxRing",
+        min_nodes: int = 1,
+        context_tokens: int | None = None,
+        kv_cache_type: str = "f16",
     ) -> Any:
+        body = {"model_id": model_id, "sharding": sharding, "instance_meta": instance_meta, "min_nodes": min_nodes}
         try:
-            command = _placement_body(
-                {"model_id": model_id, "sharding": sharding, "instance_meta": instance_meta, "min_nodes": min_nodes}
-            )
+            command = _placement_body({**body, "context_tokens": context_tokens, "kv_cache_type": kv_cache_type})
         except ValidationError as exc:  # (a ValueError too: caught first)
-            return error(400, _validation_message(exc)[0], "invalid_placement")
+            message, where = _validation_message(exc)
+            return error(400, message, "invalid_placement", where)
         except ValueError as exc:
             return error(400, str(exc), "invalid_instance_meta", "instance_meta")
+        card = resolve_card(node, model_id)
+        if (too_long := _context_error(command, card)) is not None:
+            return too_long
         instance, failure = await _preview(command)
-        return failure if failure is not None else {"instance": to_reference(instance.wire())}
+        if failure is not None:
+            return failure
+        breakdown = memory_breakdown(card, instance) if card is not None else {}
+        return {"instance": to_reference(instance.wire()), "memory_by_node": breakdown}
 
     @app.get("/instance/{instance_id}")
     async def get_instance(instance_id: str) -> Any:

@@ -356,7 +356,9 @@ class LlamaServerEngine(_LlamaEngine):
             n_parallel=config.n_parallel,
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,
-            n_ctx=config.n_ctx,
+            # the placement's context (its KV was admitted for it); embeddings size their slots themselves
+            n_ctx=config.n_ctx if embedding else (spec.context_limit or config.n_ctx),
+            cache_type=spec.kv_cache_type,
             cache_ram_mib=config.cache_ram_mib,
             draft_model_path=config.draft_models.get(spec.card.model_id) or config.draft_model_path,
             draft_max=config.draft_max,
@@ -400,7 +402,7 @@ class LlamaCppEngine(_LlamaEngine):
         backend = LlamaInProcess(
             spec.model_path,
             n_threads=config.n_threads,
-            n_ctx=config.n_ctx,
+            n_ctx=spec.context_limit or config.n_ctx,
             n_batch=config.n_batch or 512,
             n_ubatch=config.n_ubatch,
             logprobs_capable=config.logprobs_inprocess,

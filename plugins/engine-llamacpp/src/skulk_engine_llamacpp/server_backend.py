@@ -147,6 +147,7 @@ class LlamaServer:
         n_threads: int = 1,
         n_threads_batch: int | None = None,
         n_ctx: int | None = None,
+        cache_type: str = "f16",
         chat_template: str | None = None,
         draft_model_path: str | Path | None = None,
         draft_max: int = 8,
@@ -193,6 +194,7 @@ class LlamaServer:
         self.draft_model_path = Path(draft_model_path) if draft_model_path else None
         self.draft_max = draft_max
         self._n_ctx_req = n_ctx
+        self.cache_type = cache_type  # the KV cache's element type: f16, q8_0, q4_0
         self._chat_template_override = chat_template
         self._tool_mode_req: ToolMode = tool_mode
         self.after_tool_result: AfterToolResult = after_tool_result
@@ -280,6 +282,8 @@ class LlamaServer:
                 p.n_batch = self.n_batch
             if self._n_ctx_req:
                 p.n_ctx = self._n_ctx_req
+            if self.cache_type != "f16":  # quantized K and V (V needs flash attention, on above)
+                p.cache_type_k = p.cache_type_v = getattr(xlc.ggml_type, f"GGML_TYPE_{self.cache_type.upper()}")
             gguf_template = read_gguf_chat_template(self.model_path)
             template = self._chat_template_override or gguf_template
             mode = self._tool_mode_req

@@ -129,7 +129,7 @@ class MlxEngine:
                 group=world,
                 rank=shard.device_rank,
                 world_size=shard.world_size,
-                context_length=min(context, spec.card.context_length),
+                context_length=min(context, spec.context_limit or spec.card.context_length),
                 backend=f"mlx-{compute_kind()}",
             )
 

@@ -4,8 +4,8 @@ What the runner starts, and why each choice:
 
 * ``python -m vllm.entrypoints.openai.api_server`` from the vLLM venv (the ``vllm`` console script
   looks for a distribution named ``vllm``, which the CPU build is not);
-* ``--max-model-len`` = the card's context capped at 32,768, so a 128k-context card does not
-  reserve a KV cache no small node has;
+* ``--max-model-len`` = the placement's context (``context_tokens``; by default at most 32,768), so a
+  128k-context card does not reserve a KV cache no small node has;
 * on CUDA, ``--gpu-memory-utilization`` = the placement's reservation (weights x overhead + KV
   for the capped context + floor, the planner's own formula) over the GPU's total memory, so
   two instances on one GPU do not each grab vLLM's default 90 %;
@@ -118,11 +118,21 @@ def flavor_of(backend: str) -> Flavor:
 
 
 def server_command(
-    python: Path, folder: Path, card: ModelCard, flavor: Flavor, port: int, options: VllmConfig | dict[str, Any]
+    python: Path,
+    folder: Path,
+    card: ModelCard,
+    flavor: Flavor,
+    port: int,
+    options: VllmConfig | dict[str, Any],
+    context: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of one vLLM server (pure: unit-tested without vLLM)."""
+    """The argv and environment of one vLLM server (pure: unit-tested without vLLM).
+
+    `context`: the placement's context (RunnerSpec.context_limit), what its KV was admitted for;
+    without one, the card's capped at ``max_context``.
+    """
     config = vllm_config(options)
-    cap = config.max_context
+    cap = context or config.max_context
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(folder),
@@ -212,7 +222,7 @@ class VllmEngine:
         folder = spec.model_path if spec.model_path.is_dir() else spec.model_path.parent
         port = free_port()
         config = vllm_config(spec.options)
-        argv, env = server_command(python, folder, card, flavor, port, config)
+        argv, env = server_command(python, folder, card, flavor, port, config, spec.context_limit)
         where = run_dir()
         where.mkdir(parents=True, exist_ok=True)
         server = ManagedServer(

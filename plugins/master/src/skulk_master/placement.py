@@ -17,6 +17,7 @@ from skulk_kernel.api import (
     NodeMemory,
     NodeResources,
     NodeSurface,
+    NodeSystem,
     PlaceInstance,
     State,
     place,
@@ -35,6 +36,7 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
     """
     caps = {}
     resources = node.readings.latest(NodeResources)
+    systems = node.readings.latest(NodeSystem)
     reachable = node.reachable_nodes()
     for node_id, received in node.readings.latest(NodeMemory).items():
         res = resources.get(node_id)
@@ -50,6 +52,7 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
             addresses=res.reading.addresses,
             models_present=frozenset(res.reading.models_present),
             vram_available=res.reading.vram_available,
+            os=system.reading.os if (system := systems.get(node_id)) is not None else "",
         )
     return caps
 

@@ -10,11 +10,13 @@ Every refusal is a typed PlacementError whose message carries the arithmetic.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations, permutations
+from typing import cast
 
 from skulk_kernel.api import (
     InstanceId,
+    KvCacheType,
     ModelCard,
     NodeCapacity,
     NodeId,
@@ -23,7 +25,11 @@ from skulk_kernel.api import (
     PlacementRequest,
     RankGroup,
     RingInstance,
+    RunnerConnected,
+    RunnerConnecting,
     RunnerId,
+    RunnerIdle,
+    RunnerLoading,
     ShardAssignments,
     ShardMetadata,
     State,
@@ -42,20 +48,81 @@ RING_PORT_BASE, RING_PORT_SPAN = 20000, 12000
 
 #: Computes whose weights live in the accelerator's own memory (Metal is unified: RAM is its pool).
 DISCRETE_GPU_COMPUTES = frozenset({"cuda", "rocm"})
+#: Metal's working set on unified memory: 75 % of total RAM, or all but 16 GiB where that is more.
+UNIFIED_SHARE, UNIFIED_OS_RESERVE = 0.75, 16 * GiB
+
+#: Bits per cached K or V element (llama.cpp's block formats: q8_0 = 34 bytes / 32, q4_0 = 18 / 32).
+KV_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}
+#: Engines that keep a quantized KV cache (llama.cpp's cache_type_k/v); the others only f16.
+QUANTIZED_KV_ENGINES = frozenset({"llama_server"})
+#: Without `context_tokens` the planner gives the largest context that fits, never above this.
+DEFAULT_CONTEXT_CAP = 32_768
+MIN_CONTEXT = 512  # the smallest context the default tries
+#: Runner statuses whose memory the node's telemetry does not show yet: "committed" memory.
+NOT_LOADED = (RunnerIdle, RunnerConnecting, RunnerConnected, RunnerLoading)
+
+
+def unified_memory(cap: NodeCapacity, backend: str) -> bool:
+    """Metal (``*-metal``, every ``mlx-*``) on macOS: the GPU's working set is part of RAM."""
+    compute = backend.rpartition("-")[2]
+    return cap.os == "Darwin" and (compute == "metal" or backend.startswith("mlx"))
+
+
+def unified_ceiling(ram_total: int) -> int:
+    """The most a node with unified memory lets models hold: 75 % of RAM, or RAM - 16 GiB if more."""
+    return int(max(ram_total * UNIFIED_SHARE, ram_total - UNIFIED_OS_RESERVE))
 
 
 def memory_pool(cap: NodeCapacity, backend: str) -> tuple[str, int]:
-    """(pool name, free bytes) that admits `backend` on this node: VRAM is its own pool.
+    """(pool name, free bytes) that admits `backend` on this node, before committed memory.
 
     A discrete-GPU backend (``*-cuda``, ``*-rocm``) is admitted against the node's free VRAM when
-    its capacity carries ``vram_available`` (telemetry from the hardware plugin, once
-    NodeCapacity has the field); every other backend, and a GPU node that does not report VRAM,
-    against RAM as before.
+    its capacity carries ``vram_available``; Metal on macOS against RAM within the working-set
+    ceiling (``unified_ceiling``); every other backend, and a GPU node that does not report
+    VRAM, against RAM.
     """
-    vram = getattr(cap, "vram_available", None)
+    vram = cap.vram_available
     if backend.rpartition("-")[2] in DISCRETE_GPU_COMPUTES and vram is not None:
         return "VRAM", int(vram)
+    if unified_memory(cap, backend):
+        return "unified memory", min(cap.ram_available, unified_ceiling(cap.ram_total))
     return "RAM", cap.ram_available
+
+
+def reservations(state: State, node: str, pool: str) -> tuple[int, int]:
+    """(committed, held): bytes admitted on `node`'s `pool` ("VRAM", else RAM) for instances whose
+    runner there has not loaded yet, and for every instance there (the instance's reserved_bytes).
+
+    Committed memory is not in the node's telemetry yet, so without it two placements back to back
+    would both be admitted into the same free memory.
+    """
+    committed = held = 0
+    vram = pool == "VRAM"
+    for inst in state.instances.values():
+        runner = inst.shard_assignments.node_to_runner.get(NodeId(node))
+        reserved = inst.reserved_bytes.get(NodeId(node), 0)
+        if runner is None or not reserved:
+            continue
+        backend = inst.shard_assignments.runner_to_shard[runner].backend
+        if (backend.rpartition("-")[2] in DISCRETE_GPU_COMPUTES) != vram:
+            continue
+        held += reserved
+        status = state.runners.get(runner)
+        if status is None or isinstance(status, NOT_LOADED):
+            committed += reserved
+    return committed, held
+
+
+def default_contexts(card: ModelCard, cap: int = DEFAULT_CONTEXT_CAP) -> list[int]:
+    """The contexts tried without `context_tokens`, largest first: the card's own up to `cap`,
+    then every power of two below it down to MIN_CONTEXT."""
+    top = max(1, min(card.context_length, cap))
+    out, power = [top], 1 << (top.bit_length() - 1)
+    power = power // 2 if power == top else power
+    while power >= MIN_CONTEXT:
+        out.append(power)
+        power //= 2
+    return out
 
 
 def _fmt(n: float) -> str:
@@ -67,6 +134,8 @@ class _Candidate:
     nodes: tuple[str, ...]
     backend: str
     shares: dict[str, tuple[int, int]]  # node -> (start_layer, end_layer)
+    context: int = 0
+    need: dict[str, int] = field(default_factory=dict)  # node -> bytes admitted
 
 
 def ring_hosts(instance_id: str, ring: tuple[str, ...], caps: dict[str, NodeCapacity]) -> tuple[str, ...]:
@@ -130,10 +199,9 @@ class MemoryPlanner:
                     break
         return found
 
-    def kv_bytes(self, card: ModelCard) -> int:
-        """KV cache for the full context at fp16 (K and V, every layer): the admission floor."""
-        head_dim = int(card.sections.get("runtime", {}).get("head_dim", 64))
-        return 2 * card.n_layers * card.context_length * card.num_key_value_heads * head_dim * 2
+    def kv_bytes(self, card: ModelCard, context: int | None = None, kv_cache_type: str = "f16") -> int:
+        """KV cache (K and V, every layer) for `context` tokens (None: the card's whole context)."""
+        return kv_bytes(card, card.context_length if context is None else context, kv_cache_type)
 
     def _layer_split(
         self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity], sharding: str, backend: str = ""
@@ -151,9 +219,12 @@ class MemoryPlanner:
             start += count
         return bounds
 
-    def need_bytes(self, card: ModelCard, share: float, width: int) -> int:
+    def need_bytes(
+        self, card: ModelCard, share: float, width: int, context: int | None = None, kv_cache_type: str = "f16"
+    ) -> int:
+        """weights x overhead + KV + floor for a `share` of the model (context None: the card's)."""
         weights = card.storage_size * share
-        kv = self.kv_bytes(card) * share
+        kv = self.kv_bytes(card, context, kv_cache_type) * share
         return int(weights * self.overhead + kv + self.floor_bytes)
 
     # ------------------------------------------------------------------ placement
@@ -177,22 +248,49 @@ class MemoryPlanner:
                 "topology_gap",
                 f"min_nodes={request.min_nodes} but only {len(live)} eligible node(s) are in the cluster",
             )
-        rejections: list[str] = []
-        viable: list[_Candidate] = []
-        for size in range(request.min_nodes, min(len(live), MAX_CYCLE) + 1):
-            for ring in self._cycles(state, live, size):
-                cand = self._check(request, card, ring, nodes, rejections)
-                if cand is not None:
-                    viable.append(cand)
-            if viable:
-                break
+        if request.kv_cache_type not in KV_BITS:
+            raise PlacementError("invalid_kv_cache_type", f"kv_cache_type must be one of {sorted(KV_BITS)}")
+        # never above the card's own (the API refuses a larger one; a re-placement keeps the lost one's)
+        asked = min(request.context_tokens, card.context_length) if request.context_tokens else None
+        viable, rejections = self._search(request, card, state, live, nodes, [asked] if asked else None)
         if not viable:
             detail = "; ".join(dict.fromkeys(rejections)) or "no connected set of nodes"
             kind = "memory_shortfall" if any("memory" in r for r in rejections) else "no_candidate"
+            if asked and kind == "memory_shortfall":
+                smaller = [c for c in default_contexts(card, asked) if c < asked]
+                fits = self._search(request, card, state, live, nodes, smaller)[0] if smaller else []
+                best_fit = max((c.context for c in fits), default=0)
+                detail += (
+                    f"; the largest context that fits is {best_fit} (context_tokens={best_fit})"
+                    if best_fit
+                    else f"; no context down to {MIN_CONTEXT} tokens fits"
+                )
             raise PlacementError(kind, f"cannot place {card.model_id}: {detail}")
         hosting = replicas_by_node(state, card.model_id)
         best = min(viable, key=lambda c: self._rank(c, card, nodes, hosting))
         return self._instance(request, card, best, instance_id, nodes)
+
+    def _search(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        state: State,
+        live: list[str],
+        caps: dict[str, NodeCapacity],
+        contexts: list[int] | None,
+    ) -> tuple[list[_Candidate], list[str]]:
+        """The viable candidates of the smallest viable size, each at the largest of `contexts`
+        (None: default_contexts) that fits it, and every reason a candidate was refused."""
+        rejections: list[str] = []
+        viable: list[_Candidate] = []
+        for size in range(request.min_nodes, min(len(live), MAX_CYCLE) + 1):
+            for ring in self._cycles(state, live, size):
+                cand = self._check(request, card, ring, caps, rejections, state, contexts or default_contexts(card))
+                if cand is not None:
+                    viable.append(cand)
+            if viable:
+                break
+        return viable, rejections
 
     def _check(
         self,
@@ -201,6 +299,8 @@ class MemoryPlanner:
         ring: tuple[str, ...],
         caps: dict[str, NodeCapacity],
         rejections: list[str],
+        state: State,
+        contexts: list[int],
     ) -> _Candidate | None:
         common = set.intersection(*(set(caps[n].backends) for n in ring))
         allowed = [b for b in common if not card.compatible_backends or b in card.compatible_backends]
@@ -235,21 +335,56 @@ class MemoryPlanner:
                 f"by {width}"
             )
             return None
+        kv_type = request.kv_cache_type
+        if kv_type != "f16" and backend.split("-", 1)[0] not in QUANTIZED_KV_ENGINES:
+            rejections.append(
+                f"kv_cache_type {kv_type} needs an engine that quantizes its KV cache "
+                f"({', '.join(sorted(QUANTIZED_KV_ENGINES))}); {backend} keeps it at f16"
+            )
+            return None
         shares = self._layer_split(card, ring, caps, request.sharding, backend)
+        first = ""
+        for context in contexts:
+            need, why = self._fits(request, card, ring, caps, shares, backend, context, state)
+            if not why:
+                return _Candidate(ring, backend, shares, context, need)
+            first = first or why
+        rejections.append(first)
+        return None
+
+    def _fits(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        ring: tuple[str, ...],
+        caps: dict[str, NodeCapacity],
+        shares: dict[str, tuple[int, int]],
+        backend: str,
+        context: int,
+        state: State,
+    ) -> tuple[dict[str, int], str]:
+        """(bytes needed per node, "") when `ring` holds the model at `context` tokens; else ({}, why)."""
+        width, kv_type, needs = len(ring), request.kv_cache_type, {}
         for node in ring:
             start, end = shares[node]
             share = (1 / width) if request.sharding == "Tensor" else (end - start) / card.n_layers
-            need = self.need_bytes(card, share, width)
-            pool, available = memory_pool(caps[node], backend)
+            need = self.need_bytes(card, share, width, context, kv_type)
+            pool, free = memory_pool(caps[node], backend)
+            committed, held = reservations(state, node, pool)
+            available = free - committed
+            if pool == "unified memory":
+                available = min(available, unified_ceiling(caps[node].ram_total) - held)
             if need >= available:
-                rejections.append(
-                    f"memory shortfall on node {node}: needs {_fmt(need)} = weights "
+                pending = f" ({_fmt(committed)} committed to instances not loaded yet)" if committed else ""
+                return {}, (
+                    f"memory shortfall on node {node}: at {context} tokens needs {_fmt(need)} = weights "
                     f"{_fmt(card.storage_size * share)} x overhead {self.overhead} + KV "
-                    f"{_fmt(self.kv_bytes(card) * share)} + floor {_fmt(self.floor_bytes)}, but only "
-                    f"{_fmt(available)} {'of VRAM ' if pool == 'VRAM' else ''}is available for {backend}"
+                    f"{_fmt(self.kv_bytes(card, context, kv_type) * share)} ({kv_type}) + floor "
+                    f"{_fmt(self.floor_bytes)}, but only {_fmt(max(available, 0))} "
+                    f"{'' if pool == 'RAM' else f'of {pool} '}is available for {backend}{pending}"
                 )
-                return None
-        return _Candidate(ring, backend, shares)
+            needs[node] = need
+        return needs, ""
 
     @staticmethod
     def _rank(
@@ -260,7 +395,7 @@ class MemoryPlanner:
         free = sum(caps[n].ram_available for n in c.nodes)
         replicas = sum(hosting.get(n, 0) for n in c.nodes)
         backend = pref.index(c.backend) if c.backend in pref else len(pref)
-        return (len(c.nodes), replicas, backend, -present, -free, c.nodes)
+        return (len(c.nodes), -c.context, replicas, backend, -present, -free, c.nodes)
 
     def _instance(
         self,
@@ -293,7 +428,35 @@ class MemoryPlanner:
                 model_id=card.model_id, runner_to_shard=runner_to_shard, node_to_runner=node_to_runner
             ),
             engine=cand.backend.split("-", 1)[0],
-            context_limit=card.context_length,
+            context_limit=cand.context,
             excluded_nodes=tuple(NodeId(n) for n in request.excluded_nodes),
             group=group,
+            kv_cache_type=cast(KvCacheType, request.kv_cache_type),
+            reserved_bytes={NodeId(n): need for n, need in cand.need.items()},
         )
+
+
+def kv_bytes(card: ModelCard, context: int, kv_cache_type: str = "f16") -> int:
+    """K and V for every layer at `context` tokens, at `kv_cache_type`'s bits per element."""
+    head_dim = int(card.sections.get("runtime", {}).get("head_dim", 64))
+    elements = 2 * card.n_layers * context * card.num_key_value_heads * head_dim
+    return int(elements * KV_BITS[kv_cache_type] / 8)
+
+
+def memory_breakdown(card: ModelCard, instance: RingInstance) -> dict[str, dict[str, int | str]]:
+    """Per node: the instance's context, its KV type, and the weights, KV and admitted bytes of the
+    node's share, next to each other (the previews' answer)."""
+    out: dict[str, dict[str, int | str]] = {}
+    assignments = instance.shard_assignments
+    for node, runner in assignments.node_to_runner.items():
+        shard = assignments.runner_to_shard[runner]
+        tensor = isinstance(shard, TensorShardMetadata) and shard.world_size > 1
+        share = 1 / shard.world_size if tensor else (shard.end_layer - shard.start_layer) / shard.n_layers
+        out[node] = {
+            "context_tokens": instance.context_limit,
+            "kv_cache_type": instance.kv_cache_type,
+            "weights_bytes": int(card.storage_size * share),
+            "kv_bytes": int(kv_bytes(card, instance.context_limit, instance.kv_cache_type) * share),
+            "need_bytes": instance.reserved_bytes.get(node, 0),
+        }
+    return out
