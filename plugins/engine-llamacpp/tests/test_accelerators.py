@@ -4,6 +4,7 @@ and the installer's refusals and commands. Nothing here loads a GPU build or ins
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -382,10 +383,11 @@ def test_install_runs_pip_then_lists_the_devices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ran: list[list[str]] = []
+    seen = {"build": "cuda", "devices": ["CPU: AMD EPYC", "CUDA0: NVIDIA GeForce RTX 4090"]}
 
     def fake_run(cmd: list[str], **_kw: Any) -> subprocess.CompletedProcess[str]:
         ran.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, "[('CUDA0', 'NVIDIA GeForce RTX 4090')]", "")
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(seen), "")
 
     from skulk_engine_llamacpp import installer
 
@@ -393,8 +395,16 @@ def test_install_runs_pip_then_lists_the_devices(
     assert LlamaCppInstaller("cuda", _nvidia(tmp_path, "12.8")).install([]) == 0
     assert ran[0][-3:] == ["--index-url", "https://xorbitsai.github.io/xllamacpp/whl/cu128", "xllamacpp"]
     assert ran[1] == installer.devices_check()
+    assert installer.pip_env(installer.plan_install("cuda", _nvidia(tmp_path, "12.8")), ran[0])["PIP_CONFIG_FILE"]
     out = capsys.readouterr().out
     assert "1 NVIDIA GPU(s), driver CUDA 12.8" in out and "CUDA0" in out
+
+    seen["build"] = "cpu"  # an extra index carried a newer CPU wheel: said, not hidden
+    assert LlamaCppInstaller("cuda", _nvidia(tmp_path, "12.8")).install([]) == 1
+    assert "pip installed a cpu build, not cuda" in capsys.readouterr().err
+    seen.update(build="cuda", devices=["CPU: AMD EPYC"])
+    assert LlamaCppInstaller("cuda", _nvidia(tmp_path, "12.8")).install([]) == 1
+    assert "lists no GPU device" in capsys.readouterr().err
 
     ran.clear()
     assert LlamaCppInstaller("cuda", _nvidia(tmp_path, "12.8")).install(["--dry-run"]) == 0

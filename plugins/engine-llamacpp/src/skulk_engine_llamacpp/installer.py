@@ -22,6 +22,7 @@ build could not run (no NVIDIA GPU: the CPU build stays). ``--dry-run`` prints t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -160,10 +161,46 @@ def plan_install(
     return plan
 
 
+#: pip settings that would add other indexes to the GPU one (where a newer CPU wheel may win)
+PIP_INDEX_ENV = ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_FIND_LINKS")
+
+
+def pip_env(plan: Plan, cmd: list[str]) -> dict[str, str]:
+    """xllamacpp from the GPU index alone (no pip configuration, no extra indexes); llama-cpp-python's
+    source build with its CMAKE_ARGS."""
+    if "llama-cpp-python" in cmd:
+        return {**os.environ, **plan.env}
+    env = {k: v for k, v in os.environ.items() if k not in PIP_INDEX_ENV}
+    return {**env, "PIP_CONFIG_FILE": os.devnull}
+
+
 def devices_check() -> list[str]:
-    """The command that lists the installed build's devices (in a fresh interpreter: the new build)."""
-    code = "import xllamacpp as x; print([(d['name'], d['description']) for d in x.get_device_info()])"
+    """The command that says which build is installed now and lists its devices (a fresh interpreter:
+    the new build), as one JSON line."""
+    code = (
+        "import json; from skulk_engine_llamacpp.accel import detect_build; import xllamacpp as x; "
+        "print(json.dumps({'build': detect_build('xllamacpp', 'xllamacpp'), "
+        "'devices': [d['name'] + ': ' + d['description'] for d in x.get_device_info()]}))"
+    )
     return [sys.executable, "-c", code]
+
+
+def check_installed(backend: str, stdout: str, stderr: str) -> str:
+    """'' when the new build is ``backend``'s and lists a device of it, else what went wrong."""
+    try:
+        seen = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"the new build does not load: {stderr.strip()[-300:] or stdout.strip()[-300:]}"
+    if seen.get("build") != backend:
+        return (
+            f"pip installed a {seen.get('build')} build, not {backend}: check which index served it "
+            "(pip -v) and pass --index-url"
+        )
+    gpu = [d for d in seen.get("devices", []) if not d.startswith("CPU")]
+    if not gpu:
+        devices = seen.get("devices")
+        return f"the {backend} build lists no GPU device ({devices}): check the driver and the {backend} runtime"
+    return ""
 
 
 class LlamaCppInstaller:
@@ -200,14 +237,17 @@ class LlamaCppInstaller:
         if args.dry_run:
             return 0
         for cmd in plan.commands:
-            env = {**os.environ, **plan.env} if "llama-cpp-python" in cmd else None
-            done = subprocess.run(cmd, env=env, check=False)
+            done = subprocess.run(cmd, env=pip_env(plan, cmd), check=False)
             if done.returncode != 0:
                 print(f"error: {' '.join(cmd[3:])} failed (exit {done.returncode})", file=sys.stderr)
                 return 1
         listed = subprocess.run(devices_check(), capture_output=True, text=True, check=False)
-        print(f"devices: {listed.stdout.strip() or listed.stderr.strip()[-300:]}", flush=True)
-        print("restart the node: it advertises the GPU tag once the build and the hardware agree", flush=True)
+        problem = check_installed(self.backend, listed.stdout, listed.stderr)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
+        print(f"installed: {listed.stdout.strip().splitlines()[-1]}", flush=True)
+        print(f"restart the node: it advertises llama_server-{self.backend} on this GPU", flush=True)
         return 0
 
     def status(self) -> str:
