@@ -2,9 +2,12 @@
 
 Pure over its inputs (request, State, live node capacities), so POST /place_instance can dry-run
 exactly the function the master uses. Candidates are connected cycles of at least `min_nodes`
-nodes; filters run in order (exclusions, backends, tensor divisibility, per-node memory) and the
-survivors are ranked: fewest nodes, preferred backend, files already present, most free memory.
-Every refusal is a typed PlacementError whose message carries the arithmetic.
+nodes; filters run in order (exclusions, backends, tensor divisibility, KV cache type, per-node
+memory at the largest context that fits: `context_tokens`, else `default_contexts`) and the
+survivors are ranked: fewest nodes, largest context, fewest replicas, preferred backend, files
+already present, most free memory. A node's free memory is its pool (`memory_pool`) less what
+instances not loaded yet were admitted for there (`reservations`). Every refusal is a typed
+PlacementError whose message carries the arithmetic.
 """
 
 from __future__ import annotations
