@@ -50,6 +50,7 @@ def test_one_nvidia_with_only_cpu_builds_is_a_conflict_with_a_remedy() -> None:
     conflicts = find_conflicts(hw)
     assert "gpu_without_gpu_build" in conflicts
     assert "skulk-kernel engines install vllm --flavor cuda" in conflicts["gpu_without_gpu_build"]
+    assert "skulk-kernel engines install llamacpp-cuda" in conflicts["gpu_without_gpu_build"]
 
 
 def test_one_nvidia_with_gpu_builds_derives_cuda_tags() -> None:

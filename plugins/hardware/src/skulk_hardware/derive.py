@@ -60,14 +60,15 @@ def find_conflicts(hw: NodeHardware, override: tuple[str, ...] | None = None) ->
     if nvidia and "cuda" not in computes:
         out["gpu_without_gpu_build"] = (
             f"{len(nvidia)} NVIDIA GPU(s) ({nvidia[0].model}) but only CPU engine builds are installed: "
-            "run `skulk-kernel engines install vllm --flavor cuda` (or install a CUDA build of llama.cpp) "
-            "and restart the node"
+            "run `skulk-kernel engines install llamacpp-cuda` (llama.cpp) or "
+            "`skulk-kernel engines install vllm --flavor cuda`, and restart the node"
         )
     amd = [g for g in hw.gpus if g.vendor == "amd" and g.source == "sysfs"]
     if amd and "rocm" not in computes:
         out["amd_gpu_without_rocm_build"] = (
-            f"an AMD GPU ({amd[0].model}) but no ROCm engine build: install a ROCm build of llama.cpp "
-            "or vLLM to use it; until then models run on the CPU"
+            f"an AMD GPU ({amd[0].model}) but no ROCm engine build: run "
+            "`skulk-kernel engines install llamacpp-rocm` (llama.cpp) or install a ROCm vLLM to use it; "
+            "until then models run on the CPU"
         )
     apple = [g for g in hw.gpus if g.vendor == "apple"]
     if apple and "metal" not in computes:
