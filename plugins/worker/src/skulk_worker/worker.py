@@ -113,11 +113,26 @@ class Worker:
                 return Path(found)
         return None
 
-    def _memory_refusal(self, need: float) -> str | None:
-        """The pre-spawn guard: refuse only a shortfall beyond the tolerance (live vs gossip jitter)."""
-        available = psutil.virtual_memory().available
+    def _memory_refusal(self, instance: Any, shard: Any, card: Any) -> str | None:
+        """The pre-spawn guard: the master's own estimate against the pool it admitted from, live.
+
+        The need is what the master's planner reserved for this node (weights x overhead, KV for
+        the instance's context and KV type, floor), and the pool is the planner's rule: free VRAM
+        for a discrete-GPU backend, RAM otherwise. A shortfall beyond the tolerance (live readings
+        against gossiped ones) refuses the placement here, before a runner is spawned. An instance
+        made by hand (`POST /instance`) has no reservation: its weights are the need.
+        """
+        from skulk_master.planner import DISCRETE_GPU_COMPUTES
+
+        reserved = instance.reserved_bytes.get(self.node.node_id)
+        need = float(reserved) if reserved else weights_share(card, shard)
+        what = "the master reserved" if reserved else "its weights need"
+        pool, available = "RAM", psutil.virtual_memory().available
+        gpus = [g for g in self.node.facts.get("gpus", ()) if g.get("vram_free_bytes") is not None]
+        if shard.backend.rpartition("-")[2] in DISCRETE_GPU_COMPUTES and gpus:
+            pool, available = "VRAM", sum(int(g["vram_free_bytes"]) for g in gpus)
         if need > available * (1 + self.config.memory_tolerance):
-            return f"needs {need / 2**20:.0f} MiB for its weights but only {available / 2**20:.0f} MiB is available now"
+            return f"{what} {need / 2**20:.0f} MiB but only {available / 2**20:.0f} MiB of {pool} is available now"
         return None
 
     async def _start_runner(self, instance: Any, runner_id: str) -> None:
@@ -140,7 +155,7 @@ class Worker:
             )
             await self._refuse(instance, why)
             return
-        refusal = self._memory_refusal(weights_share(card, shard))
+        refusal = self._memory_refusal(instance, shard, card)
         if refusal:
             await self._refuse(instance, refusal)
             return
