@@ -193,3 +193,19 @@ def test_a_replacement_keeps_the_lost_instances_context_and_kv_type() -> None:
     inst = place(LLAMA_8B, {"n24": node_24gb()}, context_tokens=8192, kv_cache_type="q8_0")
     again = replacement(inst, "seed", min_nodes=1, excluded=())
     assert (again.context_tokens, again.kv_cache_type) == (8192, "q8_0")
+
+
+# ------------------------------------------------------------------ GPU first, CPU when VRAM is short
+
+
+def test_a_gpu_backend_is_preferred_and_a_short_vram_falls_back_to_the_cpu_build() -> None:
+    gpu_first = ("llama_server-cuda", "llama_server-cpu")
+    card = LLAMA_8B.model_copy(update={"compatible_backends": gpu_first, "backend_preference": gpu_first})
+    big_gpu = machine("g", 64, used_gb=2, backends=gpu_first, vram_gb=24)
+    placed = place(card, {"g": big_gpu})
+    (shard,) = placed.shard_assignments.runner_to_shard.values()
+    assert shard.backend == "llama_server-cuda"
+    small_gpu = machine("s", 64, used_gb=2, backends=gpu_first, vram_gb=4)  # 8B at 32k needs about 10 GB
+    placed = place(card, {"s": small_gpu})
+    (shard,) = placed.shard_assignments.runner_to_shard.values()
+    assert shard.backend == "llama_server-cpu"  # RAM holds it; before, the node refused the model

@@ -312,7 +312,25 @@ class MemoryPlanner:
             rejections.append(f"no backend compatible with {list(card.compatible_backends) or 'any'} on {have}")
             return None
         pref = list(card.backend_preference)
-        backend = min(allowed, key=lambda b: (pref.index(b) if b in pref else len(pref), b))
+        for backend in sorted(allowed, key=lambda b: (pref.index(b) if b in pref else len(pref), b)):
+            # preferred first (a GPU build before the CPU one); a backend that does not hold the
+            # model (VRAM short) falls back to the next, so a GPU node still runs it on its CPU
+            found = self._check_backend(request, card, ring, caps, rejections, state, contexts, backend)
+            if found is not None:
+                return found
+        return None
+
+    def _check_backend(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        ring: tuple[str, ...],
+        caps: dict[str, NodeCapacity],
+        rejections: list[str],
+        state: State,
+        contexts: list[int],
+        backend: str,
+    ) -> _Candidate | None:
         width = len(ring)
         if width > 1 and any(request.sharding not in caps[n].splits.get(backend, ()) for n in ring):
             rejections.append(

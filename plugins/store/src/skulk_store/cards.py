@@ -36,6 +36,16 @@ def card_from_mapping(data: dict[str, Any], source: str) -> ModelCard:
         raise CardError(f"{source}: {exc}") from None
 
 
+#: llama.cpp's backend tags for a GGUF, GPU builds first: a node advertises only what its build and
+#: hardware run (engine-llamacpp's accel.py), so the planner takes the GPU where there is one (and
+#: its VRAM holds the model) and the CPU otherwise.
+GGUF_BACKENDS = tuple(
+    f"{engine}-{compute}"
+    for compute in ("cuda", "rocm", "metal", "vulkan", "cpu")
+    for engine in ("llama_server", "llama_cpp")
+)
+
+
 def card_from_toml(path: Path) -> ModelCard:
     try:
         data = tomllib.loads(path.read_text())
@@ -97,8 +107,8 @@ def card_from_gguf_metadata(meta: dict[str, Any], model_id: str, size: int, file
         gguf_file=file_name,
         tasks=("TextEmbedding",) if is_embedding else ("TextGeneration",),
         embedding_dimensions=hidden if is_embedding else None,
-        compatible_backends=("llama_server-cpu", "llama_cpp-cpu"),
-        backend_preference=("llama_server-cpu", "llama_cpp-cpu"),
+        compatible_backends=GGUF_BACKENDS,
+        backend_preference=GGUF_BACKENDS,
         sections={"runtime": {"head_dim": hidden // max(1, heads)}},
     )
 
