@@ -106,6 +106,7 @@ async function single(page) {
   await page.locator(`[data-testid=catalog-row][data-model-id="${model}"]`).click();
   await page.getByTestId("preview").first().waitFor();
   result.previews = await page.getByTestId("preview").count();
+  result.previewText = await page.locator("[data-testid=preview][data-viable=true]").first().innerText();
   await shoot(page, "models");
   const launchedAt = Date.now();
   await page.getByRole("button", { name: `Launch ${model}` }).click();

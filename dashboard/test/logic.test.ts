@@ -4,7 +4,7 @@ import {
   applyChunk, loadConversations, prettyArguments, requestMessages, saveConversations, STORAGE_KEY, titleFor, type ChatMessage,
 } from "../src/logic/chat";
 import { formatAge, formatBytes, formatPercent, modelName } from "../src/logic/format";
-import { defaultChoice, placementBody, previewChoices } from "../src/logic/previews";
+import { contextLabel, defaultChoice, placementBody, previewChoices } from "../src/logic/previews";
 import { SseParser } from "../src/logic/sse";
 import { catalogStamp, parseStateMessage } from "../src/store/cluster";
 import { createStore } from "../src/store/store";
@@ -105,6 +105,19 @@ describe("placement previews", () => {
       { nodeId: B, name: "beta", delta: 100, freeBefore: 500, freeAfter: 400, share: "layers 20–30 of 30" },
     ]);
     expect(choices[1]!.totalDelta).toBe(300);
+  });
+
+  it("shows context and KV next to the weights when the planner reports them", () => {
+    const withAdmission: PlacementPreview = {
+      ...previews[2]!,
+      memory_by_node: { [A]: { context_tokens: 32768, kv_cache_type: "q8_0", weights_bytes: 300, kv_bytes: 40, need_bytes: 420 } },
+    };
+    const [choice] = previewChoices([withAdmission], s);
+    expect(choice!.title).toBe("Pipeline over 1 node · 32k context");
+    expect([choice!.context, choice!.kvType]).toEqual([32768, "q8_0"]);
+    expect(choice!.nodes[0]).toMatchObject({ delta: 420, weights: 300, kv: 40, freeAfter: 580 });
+    expect(contextLabel(2048)).toBe("2k");
+    expect(contextLabel(1500)).toBe("1500");
   });
 
   it("launches the chosen shape", () => {

@@ -82,6 +82,8 @@ def test_operator_flow_on_the_default_model(
     # warn is possible: other clusters on this host show up as mismatched peers of the zenoh transport
     assert result["nodeCards"] == 1 and result["nodeHealth"] in ("ok", "warn")
     assert result["previews"] >= 1
+    # the viable shape says the context the planner chose and the KV beside the weights ([capacity])
+    assert "context" in result["previewText"] and "KV" in result["previewText"], result["previewText"]
     assert result["chatModel"] == CHAT_MODEL
     assert result["answer"].strip(), "the first answer streamed nothing"
     stopped = result["stopped"]

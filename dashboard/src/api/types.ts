@@ -132,7 +132,17 @@ export interface PlacementPreview {
   min_nodes: number;
   instance: Tagged<InstanceBody> | null;
   memory_delta_by_node: Record<string, number>;
+  /** per node: the context and the figures admission used (absent from older nodes) */
+  memory_by_node?: Record<string, NodeAdmission>;
   error: string | null;
+}
+
+export interface NodeAdmission {
+  context_tokens: number;
+  kv_cache_type: string;
+  weights_bytes: number;
+  kv_bytes: number;
+  need_bytes: number;
 }
 
 export interface ApiErrorBody {

@@ -60,7 +60,12 @@ function PreviewCard({ choice, selected, onSelect }: { choice: PreviewChoice; se
       {choice.viable ? choice.nodes.map((n) => (
         <div key={n.nodeId} className="row between small">
           <span>{n.name} <span className="muted">{n.share}</span></span>
-          <span className="muted">+{formatBytes(n.delta)}{n.freeAfter != null ? ` · ${formatBytes(n.freeAfter)} free after` : ""}</span>
+          <span className="muted" data-testid="preview-memory">
+            {n.weights != null && n.kv != null
+              ? `weights ${formatBytes(n.weights)} + KV ${formatBytes(n.kv)}${choice.kvType && choice.kvType !== "f16" ? ` (${choice.kvType})` : ""} · needs ${formatBytes(n.delta)}`
+              : `+${formatBytes(n.delta)}`}
+            {n.freeAfter != null ? ` · ${formatBytes(n.freeAfter)} free after` : ""}
+          </span>
         </div>
       )) : <span className="small muted" data-testid="preview-reason">{choice.reason}</span>}
     </button>
