@@ -38,6 +38,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "engine-mlx": {"kv_bits": 8, "max_kv_size": 4096, "dtype": "float16"},
     "engine-vllm": {"cpu_kvcache_gib": 2, "tool_parser": "hermes", "vram_total_bytes": 16 * 2**30},
     "hardware": {"backends": ["llama_server-cpu"]},
+    "master": {"memory_overhead": 1.25},
     "registry-tuf": {"url": "https://registry.example", "root": "/etc/skulk/root.json", "cache_dir": "/tmp/tuf"},
     "steward": {"docs_dir": "/srv/docs"},
     "store": {"models_dir": "/srv/models", "staging_budget_bytes": 2**30},

@@ -59,12 +59,42 @@ def test_memory_shortfall_names_node_and_arithmetic():
         place({"small": cap("small", 1)})
     assert err.value.kind == "memory_shortfall"
     assert "small" in err.value.message
-    assert "overhead 1.25" in err.value.message and "available" in err.value.message
+    # llama.cpp's measured factor and runtime (ENGINE_OVERHEAD, docs/models.md), no longer the 1.25 guess
+    assert "x overhead 1.27 (llama_server, measured) + runtime 68 MiB + KV" in err.value.message
+    assert "available" in err.value.message
+
+
+def test_the_measured_overhead_is_per_engine_and_the_configured_one_overrides_it():
+    measured = MemoryPlanner()
+    assert measured.overhead_for("llama_server-cpu") == (1.27, 68 * 2**20, "llama_server, measured")
+    assert measured.overhead_for("mlx-metal")[:2] == (1.18, 86 * 2**20)
+    assert measured.overhead_for("echo-cpu") == (1.25, 0, "default")  # not measured: the old figure
+    assert measured.overhead_for("vllm-cuda") == (1.25, 0, "default")
+    configured = MemoryPlanner(overhead=1.25)  # [plugins.master] memory_overhead: the old rule, every engine
+    assert configured.overhead_for("llama_server-cpu") == (1.25, 0, "configured")
+    weights, kv, floor = 2 * GiB, configured.kv_bytes(CARD), 256 * 2**20
+    assert configured.need_bytes(CARD, 1.0, 1, backend="llama_server-cpu") == int(weights * 1.25 + kv + floor)
+    need = measured.need_bytes(CARD, 1.0, 1, backend="llama_server-cpu")
+    assert need == int(weights * 1.27 + 68 * 2**20 + kv + floor)
+    half = measured.need_bytes(CARD, 0.5, 2, backend="llama_server-cpu")  # the runtime is the whole runner's
+    assert half == int(weights * 0.5 * 1.27 + 68 * 2**20 + kv * 0.5 + floor)
+    with pytest.raises(PlacementError) as err:
+        configured.place(PlacementRequest(model=CARD), State(), {"small": cap("small", 1)}, "i")
+    assert "x overhead 1.25 (configured) + KV" in err.value.message
+
+
+def test_master_config_keeps_an_explicit_overhead_and_defaults_to_the_measured_ones():
+    from skulk_master.plugin import MasterConfig
+
+    assert MasterConfig().memory_overhead is None
+    assert MasterConfig(memory_overhead=1.25).memory_overhead == 1.25
+    with pytest.raises(ValueError):
+        MasterConfig(memory_overhead=0.5)
 
 
 def test_exact_fit_is_refused():
     planner = MemoryPlanner()
-    need = planner.need_bytes(CARD, 1.0, 1)
+    need = planner.need_bytes(CARD, 1.0, 1, backend="llama_cpp-cpu")  # the smaller of the two engines' needs
     nodes = {"a": NodeCapacity(node_id="a", ram_available=need, ram_total=need * 2, backends=("llama_server-cpu",))}
     with pytest.raises(PlacementError):
         planner.place(PlacementRequest(model=CARD, context_tokens=2048), State(), nodes, "i")
@@ -102,8 +132,9 @@ def test_no_readings_yet_is_retryable():
 def test_unconnected_nodes_do_not_form_a_cycle():
     state = State(topology=Topology(nodes=("a", "b", "c"), connections=(Connection(source="a", sink="b"),)))
     with pytest.raises(PlacementError):
-        place({"a": cap("a", 1.6), "c": cap("c", 1.6)}, state=state, min_nodes=2)
-    inst = place({"a": cap("a", 1.6), "b": cap("b", 1.6)}, state=state, min_nodes=2)
+        place({"a": cap("a", 1.7), "c": cap("c", 1.7)}, state=state, min_nodes=2)
+    # half of the 2 GiB model: 1.61 GiB with llama_server's measured factor and runtime
+    inst = place({"a": cap("a", 1.7), "b": cap("b", 1.7)}, state=state, min_nodes=2)
     assert set(inst.shard_assignments.node_to_runner) == {"a", "b"}
 
 

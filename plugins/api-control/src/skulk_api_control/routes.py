@@ -73,6 +73,13 @@ class RecentEvents:
         self.events: deque[Any] = deque(maxlen=RECENT_EVENTS)
 
 
+def _overhead(node: NodeSurface) -> float | None:
+    """The weights multiplier the master's planner was configured with (None: per engine, measured)."""
+    planner = next(iter((getattr(node, "planners", None) or {}).values()), None)
+    overhead = getattr(planner, "overhead", None)
+    return overhead if isinstance(overhead, float | int) else None
+
+
 def _placement_body(body: dict[str, Any]) -> PlaceInstance:
     """The PlaceInstance a /place_instance body asks for; ValueError names a bad `instance_meta`."""
     if (why := instance_meta_error(body.get("instance_meta"))) is not None:
@@ -228,7 +235,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
                         shard = instance.shard_assignments.runner_to_shard[rid]
                         share = (shard.end_layer - shard.start_layer) / shard.n_layers
                         entry["memory_delta_by_node"][nid] = int(card.storage_size * share) if card else 0
-                    entry["memory_by_node"] = memory_breakdown(card, instance) if card else {}
+                    entry["memory_by_node"] = memory_breakdown(card, instance, _overhead(node)) if card else {}
                 out.append(entry)
         return out
 
@@ -274,7 +281,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         instance, failure = await _preview(command)
         if failure is not None:
             return failure
-        breakdown = memory_breakdown(card, instance) if card is not None else {}
+        breakdown = memory_breakdown(card, instance, _overhead(node)) if card is not None else {}
         return {"instance": to_reference(instance.wire()), "memory_by_node": breakdown}
 
     @app.get("/instance/{instance_id}")

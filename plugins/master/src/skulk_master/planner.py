@@ -58,6 +58,23 @@ UNIFIED_SHARE, UNIFIED_OS_RESERVE = 0.75, 16 * GiB
 KV_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}
 #: Engines that keep a quantized KV cache (llama.cpp's cache_type_k/v); the others only f16.
 QUANTIZED_KV_ENGINES = frozenset({"llama_server"})
+#: What a runner holds besides its KV cache, measured per engine by bench/bench_engine_memory.py on
+#: the engine's own load path (the table and how to re-measure: docs/models.md): engine -> (multiplier
+#: on the weights' bytes, fixed runtime bytes: the runner process with the engine loaded and a tiny
+#: model). Engines not listed (vllm: not measured; echo: holds no weights and stands in for real
+#: engines in tests and demos) get DEFAULT_OVERHEAD and no fixed part; MasterConfig.memory_overhead,
+#: when set, replaces both for every engine.
+#: Measured as the working set: anonymous memory plus the file pages a decode reads (MemAvailable, a node's free
+#: RAM, counts the rest of an mmap'd model as free: the weights llama.cpp's CPU build repacks into
+#: buffers of its own are never read from the file again). The largest over the models measured:
+#: small models' compute buffers weigh most (SmolLM2 Q4_1: 1.26; Qwen2.5 0.5B/1.5B Q4_K_M: 0.96);
+#: MLX's is bf16 weights on its CPU build, its KV cache growing as tokens come.
+ENGINE_OVERHEAD: dict[str, tuple[float, int]] = {
+    "llama_server": (1.27, 68 * MiB),
+    "llama_cpp": (1.14, 64 * MiB),
+    "mlx": (1.18, 86 * MiB),
+}
+DEFAULT_OVERHEAD = 1.25
 #: Without `context_tokens` the planner gives the largest context that fits, never above this.
 DEFAULT_CONTEXT_CAP = 32_768
 MIN_CONTEXT = 512  # the smallest context the default tries
@@ -176,9 +193,13 @@ def replicas_by_node(state: State, model_id: str) -> dict[str, int]:
 class MemoryPlanner:
     name = "memory"
 
-    def __init__(self, overhead: float = 1.25, floor_bytes: int = 256 * MiB) -> None:
-        self.overhead = overhead
+    def __init__(self, overhead: float | None = None, floor_bytes: int = 256 * MiB) -> None:
+        self.overhead = overhead  # None: each engine's measured figures (ENGINE_OVERHEAD)
         self.floor_bytes = floor_bytes
+
+    def overhead_for(self, backend: str) -> tuple[float, int, str]:
+        """(multiplier on weights, fixed runtime bytes, where they come from) for `backend`'s engine."""
+        return engine_overhead(backend, self.overhead)
 
     # ------------------------------------------------------------------ candidates
 
@@ -223,12 +244,20 @@ class MemoryPlanner:
         return bounds
 
     def need_bytes(
-        self, card: ModelCard, share: float, width: int, context: int | None = None, kv_cache_type: str = "f16"
+        self,
+        card: ModelCard,
+        share: float,
+        width: int,
+        context: int | None = None,
+        kv_cache_type: str = "f16",
+        backend: str = "",
     ) -> int:
-        """weights x overhead + KV + floor for a `share` of the model (context None: the card's)."""
+        """weights x overhead + runtime + KV + floor for a `share` of the model on `backend`'s engine
+        (context None: the card's; the runtime is the whole runner's, whatever its share)."""
+        factor, runtime, _ = self.overhead_for(backend)
         weights = card.storage_size * share
         kv = self.kv_bytes(card, context, kv_cache_type) * share
-        return int(weights * self.overhead + kv + self.floor_bytes)
+        return int(weights * factor + runtime + kv + self.floor_bytes)
 
     # ------------------------------------------------------------------ placement
 
@@ -389,7 +418,7 @@ class MemoryPlanner:
         for node in ring:
             start, end = shares[node]
             share = (1 / width) if request.sharding == "Tensor" else (end - start) / card.n_layers
-            need = self.need_bytes(card, share, width, context, kv_type)
+            need = self.need_bytes(card, share, width, context, kv_type, backend)
             pool, free = memory_pool(caps[node], backend)
             committed, held = reservations(state, node, pool)
             available = free - committed
@@ -397,9 +426,11 @@ class MemoryPlanner:
                 available = min(available, unified_ceiling(caps[node].ram_total) - held)
             if need >= available:
                 pending = f" ({_fmt(committed)} committed to instances not loaded yet)" if committed else ""
+                factor, runtime, source = self.overhead_for(backend)
                 return {}, (
                     f"memory shortfall on node {node}: at {context} tokens needs {_fmt(need)} = weights "
-                    f"{_fmt(card.storage_size * share)} x overhead {self.overhead} + KV "
+                    f"{_fmt(card.storage_size * share)} x overhead {factor:g} ({source})"
+                    f"{f' + runtime {_fmt(runtime)}' if runtime else ''} + KV "
                     f"{_fmt(self.kv_bytes(card, context, kv_type) * share)} ({kv_type}) + floor "
                     f"{_fmt(self.floor_bytes)}, but only {_fmt(max(available, 0))} "
                     f"{'' if pool == 'RAM' else f'of {pool} '}is available for {backend}{pending}"
@@ -464,13 +495,30 @@ def kv_bytes(card: ModelCard, context: int, kv_cache_type: str = "f16") -> int:
     return int(elements * KV_BITS[kv_cache_type] / 8)
 
 
-def memory_breakdown(card: ModelCard, instance: RingInstance) -> dict[str, dict[str, int | str]]:
-    """Per node: the instance's context, its KV type, and the weights, KV and admitted bytes of the
-    node's share, next to each other (the previews' answer)."""
-    out: dict[str, dict[str, int | str]] = {}
+def engine_overhead(backend: str, configured: float | None = None) -> tuple[float, int, str]:
+    """(multiplier on weights, fixed runtime bytes, source) for `backend`'s engine: `configured`
+    (MasterConfig.memory_overhead) for every engine when set, else the engine's measured figures
+    (ENGINE_OVERHEAD), else DEFAULT_OVERHEAD without a fixed part."""
+    if configured is not None:
+        return configured, 0, "configured"
+    engine = backend.split("-", 1)[0]
+    if engine in ENGINE_OVERHEAD:
+        factor, runtime = ENGINE_OVERHEAD[engine]
+        return factor, runtime, f"{engine}, measured"
+    return DEFAULT_OVERHEAD, 0, "default"
+
+
+def memory_breakdown(
+    card: ModelCard, instance: RingInstance, overhead: float | None = None
+) -> dict[str, dict[str, int | float | str]]:
+    """Per node: the instance's context, its KV type, the weights, KV and admitted bytes of the
+    node's share, and the overhead multiplier and runtime bytes admission charged, next to each
+    other (the previews' answer). `overhead`: MasterConfig.memory_overhead where set."""
+    out: dict[str, dict[str, int | float | str]] = {}
     assignments = instance.shard_assignments
     for node, runner in assignments.node_to_runner.items():
         shard = assignments.runner_to_shard[runner]
+        factor, runtime, _ = engine_overhead(shard.backend, overhead)
         tensor = isinstance(shard, TensorShardMetadata) and shard.world_size > 1
         share = 1 / shard.world_size if tensor else (shard.end_layer - shard.start_layer) / shard.n_layers
         out[node] = {
@@ -478,6 +526,8 @@ def memory_breakdown(card: ModelCard, instance: RingInstance) -> dict[str, dict[
             "kv_cache_type": instance.kv_cache_type,
             "weights_bytes": int(card.storage_size * share),
             "kv_bytes": int(kv_bytes(card, instance.context_limit, instance.kv_cache_type) * share),
+            "overhead": factor,
+            "runtime_bytes": runtime,
             "need_bytes": instance.reserved_bytes.get(node, 0),
         }
     return out

@@ -29,7 +29,12 @@ class MasterConfig(BaseModel):
     replace_retry_s: float = Field(
         default=600.0, gt=0, description="how long a lost instance waits for room to be re-placed"
     )
-    memory_overhead: float = Field(default=1.25, ge=1.0)
+    memory_overhead: float | None = Field(
+        default=None,
+        ge=1.0,
+        description="weights multiplier for every engine in placement admission; unset: each engine's "
+        "measured multiplier and runtime bytes (docs/models.md), 1.25 for engines not measured",
+    )
     memory_floor_mb: int = Field(default=256, ge=0)
 
 
