@@ -25,7 +25,8 @@ for src in ("kernel/src", "testing/src", "plugins/master/src"):
     sys.path.insert(0, str(ROOT / src))
 
 from skulk_kernel.api import ModelCard, PlacementError, PlacementRequest, State  # noqa: E402
-from skulk_master.planner import GiB, MemoryPlanner  # noqa: E402
+from skulk_master.memory import GiB  # noqa: E402
+from skulk_master.planner import MemoryPlanner  # noqa: E402
 from skulk_testing.geometry import LLAMA_8B, LLAMA_70B, QWEN_32B, QWEN_32B_YARN, machine  # noqa: E402
 
 MACHINES_GB = (16, 24, 64, 192)

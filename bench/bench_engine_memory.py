@@ -218,7 +218,7 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def _planner_kv(card: Any, context: int) -> int:
-    from skulk_master.planner import kv_bytes
+    from skulk_master.memory import kv_bytes
 
     return kv_bytes(card, context, "f16")
 

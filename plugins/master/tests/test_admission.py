@@ -25,16 +25,16 @@ from skulk_kernel.api import (
     apply,
     decide,
 )
-from skulk_master.planner import (
+from skulk_master.memory import (
     ENGINE_OVERHEAD,
     GiB,
-    MemoryPlanner,
     default_contexts,
     kv_bytes,
     memory_breakdown,
     memory_pool,
     unified_ceiling,
 )
+from skulk_master.planner import MemoryPlanner
 from skulk_testing.geometry import GB, LLAMA_8B, LLAMA_70B, QWEN_32B, machine
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)

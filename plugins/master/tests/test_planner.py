@@ -7,7 +7,8 @@ from skulk_kernel.contracts import NodeCapacity, PlacementError, PlacementReques
 from skulk_kernel.events import Connection
 from skulk_kernel.models import ModelCard
 from skulk_kernel.state import State, Topology
-from skulk_master.planner import GiB, MemoryPlanner
+from skulk_master.memory import GiB
+from skulk_master.planner import MemoryPlanner
 
 CARD = ModelCard(
     model_id="org/m",
@@ -200,7 +201,7 @@ def test_ranks_on_one_host_talk_over_loopback():
 
 from dataclasses import dataclass  # noqa: E402
 
-from skulk_master.planner import memory_pool  # noqa: E402
+from skulk_master.memory import memory_pool  # noqa: E402
 
 GPU_CARD = CARD.model_copy(
     update={

@@ -29,8 +29,8 @@ from skulk_kernel.api import (
     new_id,
     resolve_card,
 )
+from skulk_master.memory import memory_breakdown
 from skulk_master.placement import plan_placement
-from skulk_master.planner import memory_breakdown
 from skulk_worker import WORKER
 
 from .continuation import stats_for

@@ -122,7 +122,7 @@ class Worker:
         against gossiped ones) refuses the placement here, before a runner is spawned. An instance
         made by hand (`POST /instance`) has no reservation: its weights are the need.
         """
-        from skulk_master.planner import DISCRETE_GPU_COMPUTES
+        from skulk_master.memory import DISCRETE_GPU_COMPUTES
 
         reserved = instance.reserved_bytes.get(self.node.node_id)
         need = float(reserved) if reserved else weights_share(card, shard)
