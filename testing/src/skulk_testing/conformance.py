@@ -2,6 +2,8 @@
 
 A plugin proves it honours a contract by subclassing the suite in its own tests and providing the
 fixture(s) the suite asks for; every test of the suite then runs against that implementation.
+(One module past 500 lines on purpose: a plugin author imports every suite from one place, and
+the suites share the runner-spec and stub-scanning helpers.)
 
     from skulk_testing.conformance import EngineConformance, make_runner_spec
 
