@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,29 @@ from typing import Any
 
 import httpx
 
+#: Ports tests hand to nodes: below the multi-rank ring ports (20000-32003) and every ephemeral range
+#: (Linux 32768-60999, macOS and Windows 49152-65535).
+TEST_PORTS = range(10000, 20000)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, drawn at random outside the ephemeral range.
+
+    A port from bind(0) is an ephemeral one: between this check and the node's own bind, any
+    process's listener on port 0 or outgoing connection (a Zenoh node of a parallel test) can take
+    it, and the node then fails to start while its port answers in another protocol (seen under the
+    parallel suite). Drawn from TEST_PORTS, a port is taken only by another test drawing the same one.
+    """
+    draw = random.SystemRandom()
+    for _ in range(500):
+        port = draw.randrange(TEST_PORTS.start, TEST_PORTS.stop)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 @dataclass
