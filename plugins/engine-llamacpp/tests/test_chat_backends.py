@@ -205,11 +205,12 @@ def test_server_cancel_while_queued_for_a_slot(chat_server):
     stop_hogs = threading.Event()
 
     def hog(i: int) -> None:
-        # A hog that ends early (an end-of-text token) would free its slot: ask again until told to stop.
+        # A hog that ended early (an end-of-text token) would free its slot to the queued request (seen
+        # once in the parallel suite): it ignores EOS, and asks again until told to stop.
         while not stop_hogs.is_set():
             for _ in chat_server.chat(
                 [{"role": "user", "content": f"{i}: a very long story please"}],
-                sampling={"max_tokens": 400},
+                sampling={"max_tokens": 400, "ignore_eos": True},
                 cancel=stop_hogs.is_set,
             ):
                 pass

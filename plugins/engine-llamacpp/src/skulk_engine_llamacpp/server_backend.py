@@ -77,6 +77,7 @@ SAMPLING_KEYS = (
     "frequency_penalty",
     "max_tokens",
     "stop",
+    "ignore_eos",  # llama.cpp's: generate to max_tokens (benchmarks; the slot tests' hogs)
 )
 
 log = logging.getLogger("skulk.engine.llamacpp")
