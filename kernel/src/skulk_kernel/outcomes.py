@@ -146,7 +146,7 @@ class Submitter:
         return outcome
 
     async def _deliver(self, command: Command, future: asyncio.Future[Outcome]) -> None:
-        """Send until answered or held for HOLD_S; a master change sends at once to the new one."""
+        """Send until answered or held for HOLD_S: at once when a master appears, again under a new one."""
         payload = codec.encode(ForwardedCommand(origin=NodeId(self.node.node_id), command=command))
         deadline = time.monotonic() + HOLD_S
         wait = RESEND_FIRST_S
