@@ -85,7 +85,7 @@ check("anthropic stream stop_sequence", async () => {
   assert(m.stop_reason === "stop_sequence" && m.stop_sequence === "fox", JSON.stringify(m));
   assert(m.content[0].text === "the quick brown ", JSON.stringify(m.content));
 });
-check("anthropic tool_use without null caller", async () => {
+check("anthropic tool_use with a direct caller", async () => {
   const m = await an.messages.create({
     model,
     max_tokens: 20,
@@ -94,7 +94,8 @@ check("anthropic tool_use without null caller", async () => {
     messages: [{ role: "user", content: WEATHER }],
   });
   const block = m.content.find((b) => b.type === "tool_use");
-  assert(block && block.input.city === "Paris" && !("caller" in block), JSON.stringify(m.content));
+  assert(block && block.input.city === "Paris" && block.caller?.type === "direct", JSON.stringify(m.content));
+  assert(m.diagnostics === null && m.usage.speed === null, JSON.stringify(m));
 });
 check("anthropic thinking stream", async () => {
   const s = an.messages.stream({ model, max_tokens: 50, messages: [{ role: "user", content: THINK }] });

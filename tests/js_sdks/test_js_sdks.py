@@ -31,7 +31,7 @@ CHECKS = [
     "openai responses stream + tool round trip",
     "anthropic messages + usage keys",
     "anthropic stream stop_sequence",
-    "anthropic tool_use without null caller",
+    "anthropic tool_use with a direct caller",
     "anthropic thinking stream",
     *[
         f"ai {provider} {call}"

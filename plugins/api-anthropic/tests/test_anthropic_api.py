@@ -132,6 +132,10 @@ def test_tool_use_round_trip(client: Anthropic) -> None:
     (block,) = out.content
     assert block.type == "tool_use" and block.name == "get_weather" and block.input == {"city": "Paris"}
     assert block.id.startswith("toolu_")
+    # the current specification's required `caller` (never null), and the newest SDK fields as null
+    assert block.caller is not None and block.caller.type == "direct"
+    assert out.diagnostics is None and out.usage.speed is None
+    assert "diagnostics" in out.model_fields_set and "speed" in out.usage.model_fields_set  # sent, not defaulted
     follow = client.messages.create(
         model=ECHO,
         max_tokens=64,
@@ -163,6 +167,7 @@ def test_streamed_tool_use(client: Anthropic) -> None:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert final.content[0].type == "tool_use" and final.content[0].input == {"city": "Paris"}
+    assert final.content[0].caller is not None and final.content[0].caller.type == "direct"
 
 
 def test_count_tokens(client: Anthropic, node: NodeProcess) -> None:

@@ -11,6 +11,10 @@ from skulk_api_control.auth import route_scope
     [
         ("GET", "/", None),
         ("GET", "/ui/assets/app.js", None),
+        # probes (load balancers, guidellm) carry no key, like vLLM's /health
+        ("GET", "/health", None),
+        ("HEAD", "/health", None),
+        ("GET", "/v1/health", None),
         ("POST", "/v1/chat/completions", "inference"),
         ("POST", "/api/chat", "inference"),
         ("GET", "/v1/models", "inference"),

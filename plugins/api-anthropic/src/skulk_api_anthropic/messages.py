@@ -5,13 +5,18 @@ Wire rules (reference/api-wire-checklist.md 2.0 X2/X6 and 2.4 A1-A7):
 * every SSE event is `event: <type>` + `data: {"type": "<type>", ...}` with the same name;
 * `message_start` first, with `content: []` and a `usage` object; `ping` only while waiting;
 * content blocks get dense indices from 0 in start order; each block is started with its empty
-  field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}`, with no `caller` key:
-  the Vercel AI SDK refuses `"caller": null`), gets its deltas, and is
+  field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}` and `caller`), gets its
+  deltas, and is
   stopped before the next one starts; a tool call is one block with its whole input as one
   `input_json_delta` (always a JSON object);
 * `message_delta` carries `stop_reason`, `stop_sequence` and cumulative `usage` (input and output
   tokens, which the SDKs apply to the final message), then `message_stop` is last;
 * an error after the stream started is `event: error` with `{"type": "error", "error": {...}}`.
+
+A `tool_use` block always carries `caller: {"type": "direct"}` (the model called the tool itself):
+the current specification requires the key and names that default, and the Vercel AI SDK accepts an
+object there but refuses `"caller": null`. Fields the newest SDK types declare that nothing here can
+fill are present as null: `diagnostics` (prompt-cache diagnostics) on the message, `speed` in usage.
 
 Blocks are built in the order the chunks come (thinking, text and tool calls as the model produced
 them), the same for streaming and non-streaming answers.
@@ -64,6 +69,21 @@ def stop_reason(reason: str | None, had_tool_calls: bool, stop_sequence: str | N
     return "end_turn"  # stop, and cancelled (only seen after POST /v1/cancel/{command_id})
 
 
+#: who called a tool: always the model itself here (no server-side tools run code that calls tools)
+DIRECT_CALLER = {"type": "direct"}
+
+
+def tool_use_block(call: ToolCall, tool_input: dict[str, Any]) -> dict[str, Any]:
+    """A `tool_use` content block (streamed ones start with `input: {}` and get it as one delta)."""
+    return {
+        "type": "tool_use",
+        "id": tool_use_id(call.id),
+        "name": call.name,
+        "input": tool_input,
+        "caller": dict(DIRECT_CALLER),
+    }
+
+
 def tool_use_id(call_id: str) -> str:
     return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
@@ -85,6 +105,7 @@ def usage_body(input_tokens: int, output_tokens: int) -> dict[str, Any]:
         "service_tier": None,
         "inference_geo": None,
         "output_tokens_details": None,
+        "speed": None,
     }
 
 
@@ -122,14 +143,7 @@ class Collected(wire_common.Collected):
 
     def add_calls(self, calls: tuple[ToolCall, ...]) -> None:
         for call in calls:
-            self.blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": tool_use_id(call.id),
-                    "name": call.name,
-                    "input": tool_arguments(call),
-                }
-            )
+            self.blocks.append(tool_use_block(call, tool_arguments(call)))
         self.had_tool_calls = self.had_tool_calls or bool(calls)
 
     def add_text(self, kind: str, text: str) -> None:
@@ -160,6 +174,7 @@ def message_body(
         "stop_sequence": stop_sequence,
         "stop_details": None,
         "container": None,
+        "diagnostics": None,
         "usage": usage_body(input_tokens, output_tokens),
     }
 
@@ -195,6 +210,7 @@ class MessageStreamEncoder:
                     "stop_sequence": None,
                     "stop_details": None,
                     "container": None,
+                    "diagnostics": None,
                     # The prompt is counted by the engine, which reports it at the end: this is an
                     # estimate; message_delta carries the engine's count and the SDKs keep that one.
                     "usage": usage_body(self.input_estimate, 0),
@@ -237,16 +253,7 @@ class MessageStreamEncoder:
         for call in chunk.calls:
             self.had_tool_calls = True
             self.tokens += 1
-            out.append(
-                self._start_block(
-                    {
-                        "type": "tool_use",
-                        "id": tool_use_id(call.id),
-                        "name": call.name,
-                        "input": {},
-                    }
-                )
-            )
+            out.append(self._start_block(tool_use_block(call, {})))
             out.append(
                 sse(
                     "content_block_delta",

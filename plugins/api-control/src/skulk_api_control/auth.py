@@ -151,12 +151,12 @@ _INFERENCE_POST = (
     "/audio/",
 )
 _OLLAMA_INFERENCE = ("/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version")
-_PUBLIC = ("/", "/ui", "/ui/", "/favicon.ico")
+_PUBLIC = ("/", "/ui", "/ui/", "/favicon.ico", "/health", "/v1/health")  # /health: probes carry no key
 
 
 def route_scope(method: str, path: str) -> Scope | None:
     """The scope a route needs: None for the dashboard's static files, which hold no data."""
-    if method == "GET" and (path in _PUBLIC or path.startswith("/ui/")):
+    if method in ("GET", "HEAD") and (path in _PUBLIC or path.startswith("/ui/")):
         return None
     if path.startswith("/store/peer/"):
         # Node to node: the store checks membership itself (a grant goes to a member's data-plane

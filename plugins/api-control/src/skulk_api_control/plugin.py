@@ -32,9 +32,11 @@ def add_hookspecs(pm: Any) -> None:
 @hookimpl
 def register_api_routes(app: Any, node: NodeSurface) -> None:
     from .dashboard import add_dashboard_routes
+    from .health import add_health_routes
     from .routes import add_control_routes
 
     add_control_routes(app, node)
+    add_health_routes(app, node)
     add_dashboard_routes(app, node)
 
 
