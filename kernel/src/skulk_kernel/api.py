@@ -25,7 +25,7 @@ from .contracts import (
     SESSION_PROTOCOLS, ApiAdapter, Election, EmbeddingSession, Engine, EngineInstaller, EngineProbe, EngineSession,
     ImageGenerationSession, InferenceMiddleware, ModelStore, NodeCapacity, NodeSurface, PeerEvent, PlacementError,
     PlacementRequest, Planner, RunnerSpec, SpeechSynthesisSession, TextGenerationSession, TranscriptionSession,
-    Transport, VideoGenerationSession, VisionInput, takes_images,
+    Transport, VideoGenerationSession, VisionInput, takes_images, CompletionInput, serves_completions,
 )
 from .decide import (
     Decision, DecisionView, Effect, ForgetNode, Park, Refusal, Reply, Retry, Unpark, decide, derived_id, dispatch,
@@ -65,7 +65,8 @@ from .tasks import (
     FinishReason, GenerationStats, PrefillProgressChunk, SamplingParams, SpeechParams, SpeechSynthesisTask, Task,
     TaskBase, TaskStatus, TextEmbeddingTask, TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob,
     ToolCall, ToolCallChunk, ToolSpec, TopLogprob, TranscriptChunk, TranscriptionTask, Usage, is_terminal,
-    ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask, task_kind,
+    ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask, task_kind, CompletionParams,
+    PromptChunk,
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,

@@ -180,6 +180,7 @@ class NodeCapacity:
     addresses: tuple[str, ...] = ()  # IPv4 addresses a rank on this node can listen on
     vram_available: int | None = None  # GPU memory free over this node's GPUs; None without a GPU
     os: str = ""  # NodeSystem.os ("Darwin": Metal's unified memory)
+    builds: Mapping[str, str] = field(default_factory=dict)  # engine -> build; the ranks of one group share it
 
 
 class PlacementError(Exception):
@@ -316,6 +317,23 @@ class VisionInput(Protocol):
 def takes_images(session: object) -> bool:
     """Whether a loaded session reads images (implements VisionInput and says so)."""
     return isinstance(session, VisionInput) and bool(session.takes_images)
+
+
+@runtime_checkable
+class CompletionInput(Protocol):
+    """A capability of a TextGenerationSession: it serves text completions (`params.completion`).
+
+    A completion's prompt is read as is (text or token ids), may be echoed with its logprobs and
+    may have a suffix to fill in front of; a session that cannot do that leaves the attribute out
+    (or False) and the runner answers such a request with a 400 naming the model.
+    """
+
+    serves_completions: bool
+
+
+def serves_completions(session: object) -> bool:
+    """Whether a loaded session serves text completions (implements CompletionInput and says so)."""
+    return isinstance(session, CompletionInput) and bool(session.serves_completions)
 
 
 @runtime_checkable

@@ -76,6 +76,25 @@ class SamplingParams(WireModel):
     )
 
 
+class CompletionParams(WireModel):
+    """A text completion (OpenAI `/v1/completions`, lm-eval, editor autocomplete): the prompt as is.
+
+    It rides a `TextGeneration` (same admission, routing, resume and tracing as chat) whose
+    `raw_prompt` is the prompt's text, or whose `prompt_ids` are its tokens. A session serves it
+    only if it says so (`contracts.serves_completions`); the runner refuses it otherwise.
+    """
+
+    prompt_ids: tuple[int, ...] = Field(default=(), description="the prompt as token ids (else raw_prompt's text)")
+    suffix: str | None = Field(
+        default=None, description="fill in the middle: the text after the gap (the model's FIM tokens)"
+    )
+    echo: bool = Field(default=False, description="answer the prompt's text (and ids) first, as a PromptChunk")
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=20, description="with echo: each prompt token's logprob and this many alternatives"
+    )
+    generate: bool = Field(default=True, description="False: max_tokens 0, only the prompt is read (tokenize)")
+
+
 class TextGenerationParams(WireModel):
     model_id: ModelId
     messages: tuple[ChatMessage, ...] = Field(min_length=1)
@@ -94,6 +113,7 @@ class TextGenerationParams(WireModel):
         description="set by a resume: the ids of the output already streamed, which the trailing assistant message "
         "spells as text; an engine of the same tokenizer continues from them instead of re-tokenizing that text",
     )
+    completion: CompletionParams | None = Field(default=None, description="a text completion, not a chat turn")
 
 
 class EmbeddingParams(WireModel):
@@ -229,6 +249,18 @@ class TokenChunk(ChunkBase):
     token_ids: tuple[int, ...] = ()  # with params.token_ids: the ids this text came from
 
 
+class PromptChunk(ChunkBase):
+    """A completion's prompt as the engine read it (`CompletionParams.echo`); comes before any token.
+
+    `logprobs`, when asked for, has one entry per prompt token; the first token has no context, so
+    its logprob is 0.0 and its alternatives are empty (OpenAI answers null there).
+    """
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
 class ToolCallChunk(ChunkBase):
     calls: tuple[ToolCall, ...]
 
@@ -282,7 +314,7 @@ class ErrorChunk(ChunkBase):
 # fmt: off
 Chunk: TypeAlias = (
     TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | AudioChunk | TranscriptChunk
-    | ProgressChunk | MediaChunk | ErrorChunk
+    | ProgressChunk | MediaChunk | ErrorChunk | PromptChunk
 )
 # fmt: on
 if not TYPE_CHECKING:

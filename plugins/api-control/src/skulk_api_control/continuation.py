@@ -120,6 +120,8 @@ def continued_params(params: TextGenerationParams, progress: Progress) -> TextGe
         sampling = sampling.model_copy(update={"max_tokens": left})
     text, reasoning = "".join(progress.text), "".join(progress.reasoning)
     update: dict[str, Any] = {"sampling": sampling}
+    if params.completion is not None:
+        return _continued_completion(params, progress, text, update)
     # `params` is the client's request and `progress` spans every attempt: the ids are all of them
     exact = bool(progress.ids) and params.raw_prompt is None and not reasoning
     update["continue_from"] = tuple(progress.ids or ()) if exact else ()
@@ -138,6 +140,25 @@ def continued_params(params: TextGenerationParams, progress: Progress) -> TextGe
         else:
             messages.append(ChatMessage(role="assistant", content=text, reasoning_content=reasoning or None))
         update["messages"] = tuple(messages)
+    return params.model_copy(update=update)
+
+
+def _continued_completion(
+    params: TextGenerationParams, progress: Progress, text: str, update: dict[str, Any]
+) -> TextGenerationParams | None:
+    """A text completion goes on from its prompt plus what was streamed (the prompt's ids plus the
+    streamed ids, or its text plus the streamed text); its echo was already sent. None: a prompt of
+    ids whose continuation has no ids to append (it cannot be spelled exactly)."""
+    completion = params.completion
+    assert completion is not None
+    changed: dict[str, Any] = {"echo": False, "prompt_logprobs": None}
+    if completion.prompt_ids and text:
+        if not progress.ids:
+            return None
+        changed["prompt_ids"] = completion.prompt_ids + tuple(progress.ids)
+    elif params.raw_prompt is not None:
+        update["raw_prompt"] = params.raw_prompt + text
+    update["completion"] = completion.model_copy(update=changed)
     return params.model_copy(update=update)
 
 

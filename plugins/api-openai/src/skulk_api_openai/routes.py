@@ -125,6 +125,20 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
 
     add_responses_routes(app, node, keepalive_s=keepalive_s, canonical=canonical)
 
+    # --- text completions, tokenize (completions_routes.py) -------------------------------------
+
+    from .completions_routes import add_completion_routes
+
+    add_completion_routes(
+        app,
+        node,
+        keepalive_s=keepalive_s,
+        canonical=canonical,
+        fingerprint=fingerprint,
+        errors=ERRORS,
+        request_error=request_error,
+    )
+
     # --- embeddings ------------------------------------------------------------------------------
 
     @app.post("/v1/embeddings", tags=["openai"])

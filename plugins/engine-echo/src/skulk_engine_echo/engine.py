@@ -42,6 +42,7 @@ from skulk_kernel.api import (
     Usage,
 )
 
+from . import completion
 from .group import EchoGroup
 from .plugin import EchoConfig
 
@@ -94,12 +95,16 @@ def tokenize(text: str) -> list[str]:
 
 
 def prompt_tokens(params: TextGenerationParams) -> int:
+    if params.completion is not None:
+        return len(tokenize(completion.prompt_text(params)))
     if params.raw_prompt is not None:
         return len(tokenize(params.raw_prompt))
     return sum(len(tokenize(m.content or "")) + 2 for m in params.messages)
 
 
 class EchoSession:
+    serves_completions = True  # see completion.py
+
     def __init__(self, spec: RunnerSpec, token_delay_s: float) -> None:
         self.spec = spec
         self.token_delay_s = token_delay_s
@@ -113,7 +118,13 @@ class EchoSession:
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         started = time.perf_counter()
-        if params.raw_prompt is not None:
+        if params.completion is not None:
+            refused = completion.check(command_id, params, self.spec.card.model_id)
+            if refused is not None:
+                yield refused
+                return
+            last = completion.prompt_text(params)
+        elif params.raw_prompt is not None:
             last = params.raw_prompt
         else:
             last = next((m.content or "" for m in reversed(params.messages) if m.role == "user"), "")
@@ -140,6 +151,12 @@ class EchoSession:
             )
             return
         seq = 0
+        for chunk in completion.prompt_chunk(command_id, params, tokenize(last)):
+            yield chunk
+            seq += 1
+        if params.completion is not None and not params.completion.generate:
+            yield self._final(command_id, seq, "length", n_prompt, 0, started)
+            return
         if last.startswith("/think "):
             thought, _, last = last.removeprefix("/think ").partition(" | ")
             if params.enable_thinking is not False:

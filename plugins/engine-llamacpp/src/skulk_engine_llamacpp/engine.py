@@ -23,6 +23,7 @@ from skulk_kernel.api import (
     ErrorChunk,
     GenerationStats,
     PrefillProgressChunk,
+    PromptChunk,
     RunnerSpec,
     Sharding,
     TextGenerationParams,
@@ -37,6 +38,7 @@ from skulk_kernel.api import (
 from .accel import Compute, OffloadPlan, detect_build, gpu_free_bytes, layer_bytes, plan_offload
 from .accel import backend_tags as accel_tags
 from .admission import DEFAULT_MAX_TOKENS, TokenGate
+from .completion import PromptEcho, complete
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from .plugin import LlamaCppConfig, llamacpp_config
@@ -151,7 +153,17 @@ class LlamaSession:
         #: the layers on the GPU and why (None: a CPU build)
         self.offload: OffloadPlan | None = None
 
+    @property
+    def serves_completions(self) -> bool:
+        """Text completions need the native server's endpoints (see completion.py)."""
+        from .server_backend import LlamaServer
+
+        return isinstance(self.backend, LlamaServer)
+
     def count_tokens(self, params: TextGenerationParams) -> int:
+        if (c := params.completion) is not None:
+            n = len(c.prompt_ids) or len(self.backend.tokenize(params.raw_prompt or "", add_special=True))
+            return n + (len(self.backend.tokenize(c.suffix)) + 3 if c.suffix is not None else 0)  # + FIM tokens
         if params.raw_prompt is not None:
             return len(self.backend.tokenize(params.raw_prompt, add_special=True))
         return int(self.backend.count_tokens(to_messages(params), to_tools(params)))
@@ -194,19 +206,34 @@ class LlamaSession:
         started = time.perf_counter()
         first_at: float | None = None
         try:
-            events = self.backend.chat(
-                to_messages(params),
-                tools=to_tools(params),
-                sampling=to_sampling(params),
-                logprobs=params.logprobs,
-                top_logprobs=params.top_logprobs,
-                cancel=cancelled,
-                constraint=parse_tool_choice(params.tool_choice),
-                enable_thinking=params.enable_thinking,
-                **self._resume_args(params),
+            events = (
+                self._completion(params, cancelled)
+                if params.completion is not None
+                else self.backend.chat(
+                    to_messages(params),
+                    tools=to_tools(params),
+                    sampling=to_sampling(params),
+                    logprobs=params.logprobs,
+                    top_logprobs=params.top_logprobs,
+                    cancel=cancelled,
+                    constraint=parse_tool_choice(params.tool_choice),
+                    enable_thinking=params.enable_thinking,
+                    **self._resume_args(params),
+                )
             )
             calls: list[ToolCall] = []
             for event in events:
+                if isinstance(event, PromptEcho):
+                    first_at = first_at or time.perf_counter()
+                    yield PromptChunk(
+                        command_id=command_id,
+                        seq=seq,
+                        text=event.text,
+                        token_ids=event.ids,
+                        logprobs=_logprobs(event.logprobs),
+                    )
+                    seq += 1
+                    continue
                 if isinstance(event, ReasoningDelta):
                     first_at = first_at or time.perf_counter()
                     yield TokenChunk(command_id=command_id, seq=seq, text=event.text, reasoning=True)
@@ -253,6 +280,20 @@ class LlamaSession:
             return
         # The backend ends without a Finish only when cancelled.
         yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
+
+    def _completion(self, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Any]:
+        """A text completion's events (completion.py): the echoed prompt, then text deltas and a Finish."""
+        assert params.completion is not None
+        return complete(
+            self.backend,
+            params.completion,
+            params.raw_prompt,
+            to_sampling(params),
+            logprobs=params.top_logprobs if params.logprobs else None,
+            token_ids=params.token_ids,
+            cancel=cancelled,
+            model_id=self.spec.card.model_id,
+        )
 
     def _resume_args(self, params: TextGenerationParams) -> dict[str, Any]:
         """Token-id streaming and exact continuation, for the backend that has them (the server)."""

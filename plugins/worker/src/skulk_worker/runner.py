@@ -21,7 +21,8 @@ the worker sent the task with `traced` true (tracing on). A few small messages p
 A rank of a multi-rank instance runs every task too (collectives need every rank); its worker
 forwards only the output rank's chunks. A task that raises in a multi-rank runner, or ends with an
 ErrorChunk coded `rank_failed`, reports the group broken: a failed collective leaves the ranks out
-of step, so the instance must be re-placed.
+of step, so the instance must be re-placed. A session with a `watch_group(report)` method is
+handed a callback for breaks between requests (llama.cpp RPC: a peer's process gone).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from skulk_kernel.api import (
     RunnerSpec,
     RunnerWarmingUp,
     is_terminal,
+    serves_completions,
     task_kind,
 )
 
@@ -153,6 +155,10 @@ class _Serving:
 
     def _generate(self, task: Any, flag: threading.Event, traced: bool) -> str:
         params = task.params
+        if params.completion is not None and not serves_completions(self.session):
+            message = f"model {self.spec.card.model_id} does not support text completions on engine {self.engine_name}"
+            self.outq.put(("chunk", task.task_id, _invalid(task.command_id, message)))
+            return "Failed"
         prompt = self.session.count_tokens(params)
         wanted = params.sampling.max_tokens or 0
         if params.sampling.max_tokens_is_ceiling and prompt < self.context_limit < prompt + wanted:
@@ -211,6 +217,13 @@ class _Serving:
                     status = "Cancelled"
                 break
         return status
+
+
+def _invalid(command_id: str, message: str) -> ErrorChunk:
+    """A request this session cannot serve as asked: the API answers it with a 400."""
+    return ErrorChunk(
+        command_id=command_id, seq=0, error_type="invalid_request_error", code="invalid_request", message=message
+    )
 
 
 def _streamed(method: str) -> Callable[[_Serving, Any, threading.Event, bool], str]:
@@ -277,6 +290,10 @@ def runner_main(
             outq.put(("status", RunnerLoading(layers_loaded=done, total_layers=total)))
 
         session = engine.load(spec, progress)
+        watch = getattr(session, "watch_group", None)
+        if spec.group is not None and callable(watch):
+            # a session whose group can break between requests (a peer process gone) says so itself
+            watch(lambda why: outq.put(("broken", why)))
         outq.put(("status", RunnerLoaded()))
         outq.put(("status", RunnerWarmingUp()))
         outq.put(("status", RunnerReady()))
