@@ -159,7 +159,7 @@ def cluster_factory(tmp_path: Path, control: str) -> Iterator[Callable[..., Clus
     ) -> Cluster:
         profile = tmp_path / f"profile{len(made)}.toml"
         profile.write_text(
-            PROFILE.format(
+            PROFILES[control].format(
                 default_models=list(default_models).__repr__().replace("'", '"'),
                 timeout=timeout,
                 multicast=str(multicast).lower(),

@@ -284,12 +284,15 @@ def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision
                 f"model {model_id!r} has no running instance; place one with POST /place_instance",
             )
         if all(not set(i.shard_assignments.node_to_runner) <= view.reachable for i in placed):
-            return _error(
+            # a parked request gets this answer once: unparked, it is not refused again every pass
+            unpark = (Unpark(command.command_id),) if command.command_id in view.parked else ()
+            gone = _error(
                 command,
                 "instance_gone",
                 f"every instance of {model_id!r} is on a node that left the cluster; it is re-placed "
-                f"once the node times out ({view.node_timeout_s:.0f}s): retry shortly",
+                "as soon as the node's heartbeats stop (a few seconds): retry shortly",
             )
+            return Decision(replies=gone.replies, effects=unpark)
         return NOTHING if command.command_id in view.parked else Decision(effects=(Park(command),))
     common = {
         "task_id": TaskId(command.command_id),

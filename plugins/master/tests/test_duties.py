@@ -127,14 +127,31 @@ def test_a_silent_node_is_pruned_its_work_failed_and_its_instance_replaced_elsew
     state = busy_on("b")
     decision = decide_prune(state, "b", 31.0, view())
     kinds = [type(e).__name__ for e in decision.events]
-    assert kinds[:4] == ["TaskFailed", "TaskDeleted", "InstanceFailureRecorded", "InstanceDeleted"]
-    assert isinstance(decision.events[4], NodeTimedOut)
+    # the replacement first: an API node never sees the model without any instance
+    assert kinds == [
+        "InstanceCreated",
+        "TaskFailed",
+        "TaskDeleted",
+        "InstanceFailureRecorded",
+        "InstanceDeleted",
+        "NodeTimedOut",
+    ]
     created = [e for e in decision.events if isinstance(e, InstanceCreated)]
     assert len(created) == 1 and set(created[0].instance.shard_assignments.node_to_runner) == {"a"}
     assert ForgetNode("b") in decision.effects
     assert decision.replies[0].chunk.code == "instance_gone"
     after = applied(state, *decision.events)
     assert "b" not in after.topology.nodes and InstanceId("i1") not in after.instances
+
+
+def test_a_departed_node_is_pruned_early_with_its_own_reason_and_threshold() -> None:
+    state = busy_on("b")
+    decision = decide_prune(state, "b", 3.4, view(), departed_after_s=3.0)
+    gone = next(e for e in decision.events if isinstance(e, NodeTimedOut))
+    assert gone.timeout_s == 3.0 and gone.heartbeat_age_s == 3.4
+    assert "left the cluster" in decision.replies[0].chunk.message
+    assert "session closed" in decision.log[0]
+    assert len([e for e in decision.events if isinstance(e, InstanceCreated)]) == 1
 
 
 def test_a_new_session_ends_the_previous_sessions_tasks_and_joins_the_master() -> None:

@@ -100,38 +100,56 @@ def _fail_tasks_of_runner(state: State, runner_id: str, reason: str) -> Decision
     return Decision(events=tuple(events), replies=tuple(replies))
 
 
-def decide_prune(state: State, node_id: str, heartbeat_age_s: float | None, view: DecisionView) -> Decision:
-    """A node went silent past the timeout: fail its work, drop it, re-place what it ran."""
+def decide_prune(
+    state: State, node_id: str, heartbeat_age_s: float | None, view: DecisionView, departed_after_s: float | None = None
+) -> Decision:
+    """A node is gone: fail its work, drop it, re-place what it ran.
+
+    Two ways to be gone: silent past `node_timeout_s` (a frozen node, a network that drops packets
+    without closing anything), or `departed_after_s` set: the transport closed its session and its
+    heartbeats stopped, which is proof enough within a few heartbeats (a kill -9, a crash, a
+    shutdown) instead of half a minute.
+    """
     lost = [i for i in state.instances.values() if node_id in i.shard_assignments.node_to_runner]
+    silent = "?" if heartbeat_age_s is None else f"{heartbeat_age_s:.1f}"
+    why = f"node {node_id} timed out" if departed_after_s is None else f"node {node_id} left the cluster"
     decision = Decision()
     for inst in lost:
-        decision += teardown(state, inst.instance_id, f"node {node_id} timed out", failed=True, view=view)
+        decision += teardown(state, inst.instance_id, why, failed=True, view=view)
     last_event = state.last_seen.get(NodeId(node_id))
     decision += Decision(
         events=(
             NodeTimedOut(
                 node_id=NodeId(node_id),
                 heartbeat_age_s=heartbeat_age_s,
-                timeout_s=view.node_timeout_s,
+                timeout_s=view.node_timeout_s if departed_after_s is None else departed_after_s,
                 last_event_age_s=(view.now - last_event).total_seconds() if last_event else None,
             ),
         ),
         effects=(ForgetNode(node_id),),
         log=(
-            f"pruning node {node_id} (silent for {'?' if heartbeat_age_s is None else f'{heartbeat_age_s:.1f}'} s); "
-            f"{len(lost)} instance(s) lost",
+            f"pruning node {node_id} ({'silent' if departed_after_s is None else 'session closed, silent'} "
+            f"for {silent} s); {len(lost)} instance(s) lost",
         ),
     )
     after = state_after(state, decision.events, view)
     without = replace(view, capacities={k: v for k, v in view.capacities.items() if k != node_id})
+    replaced = Decision()
     for inst in lost:
         excluded = (*inst.excluded_nodes, NodeId(node_id))
         width = len(inst.shard_assignments.node_to_runner)
         again = replacement(inst, f"{inst.instance_id}/{node_id}", min_nodes=width, excluded=excluded)
-        replaced = replace_lost(after, [again], without)
-        after = state_after(after, replaced.events, view)
-        decision += replaced
-    return decision
+        attempt = replace_lost(after, [again], without)
+        after = state_after(after, attempt.events, view)
+        replaced += attempt
+    # The replacement is indexed before the teardown: an API node never sees the model with no
+    # instance at all (a 404 `model_not_placed` for a model that is only moving), it parks the request.
+    return Decision(
+        events=replaced.events + decision.events,
+        replies=decision.replies + replaced.replies,
+        effects=decision.effects + replaced.effects,
+        log=decision.log + replaced.log,
+    )
 
 
 def decide_session_start(state: State, view: DecisionView) -> Decision:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import IndexedEvent, NodeSurface, NodeTimedOut, State
 
 from . import MASTER
 
@@ -19,7 +19,13 @@ class MasterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     default_models: list[str] = Field(default_factory=list, description="placed when none is running")
-    node_timeout_s: float = Field(default=30.0, gt=0)
+    node_timeout_s: float = Field(default=30.0, gt=0, description="prune a node silent this long")
+    departed_after_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="prune a node this long after its last heartbeat once the transport has closed its "
+        "session (a kill, a crash): its instances are re-placed within seconds, not after node_timeout_s",
+    )
     dispatch_wait_s: float = Field(
         default=90.0,
         gt=0,
@@ -57,6 +63,15 @@ async def startup(node: NodeSurface) -> None:
     master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
     node.services.publish(MASTER, master)
     await master.attach()
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
+    """Every node drops a pruned node's readings, not only the master: otherwise each dead
+    incarnation of a crash-looping node stays in every follower's telemetry (and `nodeHealth`)."""
+    gone = event.event
+    if isinstance(gone, NodeTimedOut) and gone.node_id != node.node_id:
+        node.readings.forget(gone.node_id)
 
 
 @hookimpl

@@ -322,12 +322,18 @@ class Master:
             and (self.node.readings.last_heard(n) or 1e9) < self.config.node_timeout_s
         ]
         await self.index(joins, self.node.node_id)
+        reachable = self.node.reachable_nodes()
+        departed_after = min(self.config.departed_after_s, self.config.node_timeout_s)
         for node_id in list(self.state.topology.nodes):
             if node_id == self.node.node_id:
                 continue
             age = self.node.readings.last_heard(node_id)
             if age is None or age > self.config.node_timeout_s:
                 await self.carry_out(decide_prune(self.state, node_id, age, self.view()), self.node.node_id)
+            elif node_id not in reachable and age > departed_after:
+                # the transport saw it leave and its heartbeats stopped: gone, not merely slow
+                decision = decide_prune(self.state, node_id, age, self.view(), departed_after_s=departed_after)
+                await self.carry_out(decision, self.node.node_id)
         await self._dispatch_parked()
         await self._retry_placements()
         if not self._defaults_placed:
