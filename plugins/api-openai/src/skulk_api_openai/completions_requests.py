@@ -13,6 +13,7 @@ this server refuses on purpose: `best_of` above 1 (it would run best_of generati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,16 +61,20 @@ class CompletionRequest(_In):
 
 
 class TokenizeRequest(_In):
-    """The body of `POST /tokenize` (vLLM's shape)."""
+    """The body of `POST /tokenize` (vLLM's shape; `model` may be left out while one text model is placed).
 
-    model: str = Field(min_length=1)
+    The ids are those of the text itself: a BOS token the engine adds in front of a text prompt is
+    not among them, whatever `add_special_tokens` says (lm-eval's remote tokenizer sends False)."""
+
+    model: str | None = Field(default=None, min_length=1)
     prompt: str
+    add_special_tokens: bool | None = None
 
 
 class DetokenizeRequest(_In):
-    """The body of `POST /detokenize` (vLLM's shape)."""
+    """The body of `POST /detokenize` (vLLM's shape; `model` as for `/tokenize`)."""
 
-    model: str = Field(min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     tokens: list[int]
 
 
@@ -177,18 +182,18 @@ def _params(
     )
 
 
-def tokenize_params(data: dict[str, Any]) -> TextGenerationParams:
+def tokenize_params(data: dict[str, Any], default_model: Callable[[], str]) -> TextGenerationParams:
     """`/tokenize`: a completion of `prompt` that generates nothing and echoes its ids."""
     req: TokenizeRequest = _validate(TokenizeRequest, data)
-    return _read_only(req.model, req.prompt, ())
+    return _read_only(req.model or default_model(), req.prompt, ())
 
 
-def detokenize_params(data: dict[str, Any]) -> TextGenerationParams:
+def detokenize_params(data: dict[str, Any], default_model: Callable[[], str]) -> TextGenerationParams:
     """`/detokenize`: a completion of the ids `tokens` that generates nothing and echoes their text."""
     req: DetokenizeRequest = _validate(DetokenizeRequest, data)
     if not req.tokens:
         raise RequestError("tokens: the list is empty", param="tokens")
-    return _read_only(req.model, None, tuple(req.tokens))
+    return _read_only(req.model or default_model(), None, tuple(req.tokens))
 
 
 def _read_only(model: str, text: str | None, ids: tuple[int, ...]) -> TextGenerationParams:

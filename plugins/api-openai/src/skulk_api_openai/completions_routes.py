@@ -16,10 +16,10 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
-from skulk_api_control.adapter_routes import ErrorAnswers, answer, read_json, stream_body
+from skulk_api_control.adapter_routes import ErrorAnswers, answer, canonical_model, read_json, stream_body
 from skulk_api_control.dispatch import InferenceError, InferenceHandle
 from skulk_api_control.streaming import Dispatch
-from skulk_kernel.api import NodeSurface, TextGenerationParams
+from skulk_kernel.api import NodeSurface, TextGenerationParams, resolve_card
 
 from . import completions
 from .chat import KEEPALIVE
@@ -117,7 +117,7 @@ def add_completion_routes(
     async def post_tokenize(request: Request) -> Response:
         """vLLM's tokenize: `prompt`'s token ids on a placed model, as its engine reads a completion prompt."""
         try:
-            params = tokenize_params(await read_json(request, RequestError))
+            params = tokenize_params(await read_json(request, RequestError), lambda: default_model(node))
         except RequestError as exc:
             return request_error(exc)
         got = await read_prompt(request, params)
@@ -130,7 +130,7 @@ def add_completion_routes(
     async def post_detokenize(request: Request) -> Response:
         """vLLM's detokenize: the text of `tokens` on a placed model."""
         try:
-            params = detokenize_params(await read_json(request, RequestError))
+            params = detokenize_params(await read_json(request, RequestError), lambda: default_model(node))
         except RequestError as exc:
             return request_error(exc)
         got = await read_prompt(request, params)
@@ -138,11 +138,52 @@ def add_completion_routes(
             return got
         return JSONResponse({"prompt": "".join(got.text)})
 
+    @app.get("/tokenizer_info", tags=["openai"])
+    async def get_tokenizer_info(model: str | None = None) -> Response:
+        """vLLM's tokenizer_info, as far as the cluster knows it without asking an engine: the model and its
+        context; the special tokens are null (unknown). lm-eval's `local-completions` finds `/tokenize` and
+        `/detokenize` through it (its `remote` tokenizer)."""
+        try:
+            model_id = canonical(model) if model else default_model(node)
+        except RequestError as exc:
+            return request_error(exc)
+        return JSONResponse(
+            {
+                "model": model_id,
+                "max_model_len": _context(node, model_id),
+                "eos_token": None,
+                "bos_token": None,
+                "pad_token": None,
+                "chat_template": None,
+            }
+        )
+
+
+def default_model(node: NodeSurface) -> str:
+    """The model a tokenizer route means when the body names none: the one placed text model."""
+    placed = sorted(
+        {
+            str(inst.shard_assignments.model_id)
+            for inst in list(node.state.instances.values())
+            if inst.system_role is None and _generates(node, str(inst.shard_assignments.model_id))
+        }
+    )
+    if len(placed) != 1:
+        which = f"{len(placed)} text models are placed ({', '.join(placed)})" if placed else "no text model is placed"
+        raise RequestError(f"model: required, since {which}", param="model")
+    return placed[0]
+
+
+def _generates(node: NodeSurface, model_id: str) -> bool:
+    try:
+        card = resolve_card(node, model_id)
+    except Exception:
+        return False
+    return card is None or "TextGeneration" in card.tasks
+
 
 def _context(node: NodeSurface, ref: str) -> int | None:
     """The context limit of the model's first placed instance (what prompt + max_tokens must fit)."""
-    from skulk_api_control.adapter_routes import canonical_model
-
     model_id = canonical_model(node, ref)
     for inst in list(node.state.instances.values()):
         if inst.shard_assignments.model_id == model_id:
