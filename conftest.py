@@ -50,6 +50,7 @@ SLOW_UNITS_SHOWN = 10
 #: session fixtures that start a node or an engine server -> the unit of every module using one
 SHARED_NODES = {
     "llama_node": "@llama-node",
+    "qwen_node": "@qwen-node",  # tests/conftest.py: Qwen2.5-Coder (tool round trips, fill-in-the-middle)
     "shared_echo_node": "@echo-node",
     "chat_server": "@llama-server",  # engine-llamacpp's session servers
     "embed_server": "@llama-server",
@@ -74,7 +75,7 @@ MODEL_SUITES = (
     "tests/split/",
     "tests/media/images/",
     "tests/resume/",
-    "tests/serving/test_qwen_tool_round_trip.py",
+    "@qwen-node",
     "tests/steward/test_steward_qwen.py",
 )
 #: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):

@@ -1,32 +1,30 @@
 """Issue [llama] acceptance 2: a Qwen tool round trip through all four APIs on a real node.
 
-The node serves the optional Qwen2.5-Coder-0.5B-Instruct card (its own chat template, llama.cpp's
-native parser for its ``<tool_call>`` dialect). Each API: the model is asked something only the tool
-knows, calls the tool (``tool_choice`` auto, nothing forces it), the client sends a result the
-model cannot guess (a temperature of 23 degrees), and the final answer must be prose that uses it,
-with no repeated call. Greedy decoding, so a run is repeatable; every API is used streaming once
-and not streaming once across its two turns.
+The run's shared Qwen node (``qwen_node``, tests/conftest.py) serves the optional
+Qwen2.5-Coder-0.5B-Instruct card (its own chat template, llama.cpp's native parser for its
+``<tool_call>`` dialect). Each API: the model is asked something only the tool knows, calls the
+tool (``tool_choice`` auto, nothing forces it), the client sends a result the model cannot guess
+(a temperature of 23 degrees), and the final answer must be prose that uses it, with no repeated
+call. Greedy decoding, so a run is repeatable; every API is used streaming once and not streaming
+once across its two turns.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import ollama
 import openai
 import pytest
-from skulk_testing.nodes import NodeProcess, start_node
+from skulk_testing.nodes import NodeProcess
 
-from tests.serving.placing import place_until_listed
+from tests.conftest import QWEN_MODEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-QWEN = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+QWEN = QWEN_MODEL
 ASK = "What's the weather in Paris right now?"
 RESULT = "23 degrees C, sunny"
 GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature argument
@@ -34,27 +32,6 @@ PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 DESCRIPTION = "Current weather in a city"
 WEATHER = {"name": "get_weather", "description": DESCRIPTION, "parameters": PARAMS}
 OA_TOOLS: Any = [{"type": "function", "function": WEATHER}]
-
-
-@pytest.fixture(scope="module")
-def qwen_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    """A cpu-llamacpp node with only the Qwen card placed (provisioned once into the shared models dir)."""
-    pytest.importorskip("xllamacpp")
-    from skulk_engine_llamacpp.models import ProvisionError, provision_qwen05
-
-    try:
-        provision_qwen05(models_dir)  # cached after the first run; the node then only checks the hash
-    except ProvisionError as exc:
-        pytest.skip(f"Qwen2.5-Coder-0.5B not provisionable here: {exc}")
-    env = {"SKULK_MODELS_DIR": str(models_dir), "SKULK_NETWORK_VERSION": f"qwen-tools-{uuid.uuid4().hex[:8]}"}
-    node = start_node("cpu-llamacpp", "--no-default-models", home=tmp_path_factory.mktemp("qwen-tools"), env=env)
-    try:
-        node.wait_api(timeout=60)
-        place_until_listed(node, QWEN)
-        node.wait_ready(QWEN, timeout=300)
-        yield node
-    finally:
-        node.stop()
 
 
 def uses_result(text: str) -> None:
