@@ -99,7 +99,10 @@ class Cluster:
         masters = {v["runtime"]["masterNodeId"] for v in views}
         hashes = {v["stateHash"] for v in views}
         members = {len(n.state()["topology"]["nodes"]) for n in nodes}
-        if len(masters) == 1 and None not in masters and len(hashes) == 1 and members == {len(nodes)}:
+        # every node holds a control session with every other (libp2p dials after Zenoh's telemetry
+        # has already made a node a member; placement only counts nodes with a session)
+        meshed = all(len(v["transports"]["control"]["peers"]) >= len(nodes) - 1 for v in views)
+        if len(masters) == 1 and None not in masters and len(hashes) == 1 and members == {len(nodes)} and meshed:
             return masters.pop(), hashes.pop()
         return None
 

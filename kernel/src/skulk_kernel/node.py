@@ -34,7 +34,7 @@ from .ids import NodeId, new_id
 from .outcomes import DEFAULT_TIMEOUT_S, Outcome, Submitter
 from .plugins import build_plugin_manager, kernel_version
 from .profiles import Profile
-from .readings import ReadingStore, probe_readings
+from .readings import ReadingStore, SendFilter, probe_readings
 from .services import Services
 from .state import State, StateSnapshot
 from .streams import StreamRouter
@@ -94,6 +94,7 @@ class Node:
         self.home = self.options.home
         self.state = State()
         self.readings = ReadingStore()
+        self._send_filter = SendFilter()
         self.streams = StreamRouter()
         self.master_id: str | None = None
         self.started_at = time.time()
@@ -340,7 +341,8 @@ class Node:
             readings = await asyncio.to_thread(self._publish_readings_once)
             for reading in readings:
                 self.readings.put(self.node_id, reading)  # our own readings never wait for the net
-                await self.publish(Topic.READINGS, codec.encode(reading))
+                if self._send_filter.due(reading):
+                    await self.publish(Topic.READINGS, codec.encode(reading))
             await self._report_edges()
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
@@ -361,6 +363,7 @@ class Node:
         if peer.joined:
             log.info("peer %s joined", peer.node_id)
             self._peers.add(peer.node_id)
+            self._send_filter.reset()  # it has none of our readings yet
         else:
             log.warning("peer %s left", peer.node_id)
             self._peers.discard(peer.node_id)

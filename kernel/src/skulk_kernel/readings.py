@@ -34,13 +34,24 @@ class Received:
 
 
 class ReadingStore:
-    """(kind, node) -> freshest reading. Bounded by construction: one slot per kind per node."""
+    """node -> kind -> freshest reading. Bounded by construction: one slot per kind per node.
+
+    Indexed by node first, so a node's age and its forgetting cost its own few slots, not a scan of
+    the whole cluster's (the master asks every node's age every second). A heartbeat re-stamps the
+    sender's other readings: a node sends a reading again only when it changed (SendFilter), so
+    its heartbeat is what says the rest still holds.
+    """
 
     def __init__(self) -> None:
-        self._slots: dict[tuple[str, str], Received] = {}
+        self._slots: dict[str, dict[str, Received]] = {}
 
     def put(self, node_id: str, reading: Any) -> None:
-        self._slots[(type(reading).__name__, node_id)] = Received(reading, time.monotonic(), time.time())
+        got = Received(reading, time.monotonic(), time.time())
+        slots = self._slots.setdefault(node_id, {})
+        if isinstance(reading, NodeHeartbeat):
+            for kind, old in slots.items():
+                slots[kind] = Received(old.reading, got.at_monotonic, got.at_wall)
+        slots[type(reading).__name__] = got
 
     def put_encoded(self, sender: str, payload: bytes) -> None:
         reading = codec.decode_union(payload, _READING)
@@ -48,22 +59,49 @@ class ReadingStore:
             self.put(sender, reading)
 
     def get(self, kind: type[Any], node_id: str) -> Received | None:
-        return self._slots.get((kind.__name__, node_id))
+        return self._slots.get(node_id, {}).get(kind.__name__)
 
     def latest(self, kind: type[Any]) -> dict[str, Received]:
-        return {node: r for (k, node), r in self._slots.items() if k == kind.__name__}
+        return {node: slots[kind.__name__] for node, slots in self._slots.items() if kind.__name__ in slots}
 
     def nodes(self) -> set[str]:
-        return {node for _, node in self._slots}
+        return set(self._slots)
 
     def last_heard(self, node_id: str) -> float | None:
         """Seconds since anything was heard from `node_id`, or None."""
-        ages = [r.age_s for (_, node), r in self._slots.items() if node == node_id]
+        ages = [r.age_s for r in self._slots.get(node_id, {}).values()]
         return min(ages) if ages else None
 
     def forget(self, node_id: str) -> None:
-        for key in [k for k in self._slots if k[1] == node_id]:
-            del self._slots[key]
+        self._slots.pop(node_id, None)
+
+
+class SendFilter:
+    """Which of this node's readings go out this round: the heartbeat always; another reading when
+    it changed (memory and disk in 64 MiB and 256 MiB steps) or every REFRESH_S. Idle, a node sends
+    one message a round instead of six; a new peer gets everything at once (`reset`)."""
+
+    REFRESH_S = 30.0
+
+    def __init__(self) -> None:
+        self._sent: dict[str, tuple[Any, float]] = {}
+
+    def reset(self) -> None:
+        self._sent.clear()
+
+    def due(self, reading: Any) -> bool:
+        kind, now = type(reading).__name__, time.monotonic()
+        if isinstance(reading, NodeMemory):
+            key: Any = (reading.ram_total.in_bytes, reading.ram_available.in_bytes >> 26)
+        elif isinstance(reading, NodeDisk):
+            key = (reading.models_dir, reading.total_bytes, reading.free_bytes >> 28)
+        else:
+            key = reading
+        last = self._sent.get(kind)
+        if last and last[0] == key and now - last[1] < self.REFRESH_S and not isinstance(reading, NodeHeartbeat):
+            return False
+        self._sent[kind] = (key, now)
+        return True
 
 
 def _cpu_model() -> str:

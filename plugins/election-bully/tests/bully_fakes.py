@@ -70,9 +70,17 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.callbacks: list[Callable[[PeerEvent], None]] = []
+        self.owner: Any = None  # the FakeNode, for send()
 
     def on_peer(self, callback: Callable[[PeerEvent], None]) -> None:
         self.callbacks.append(callback)
+
+    async def send(self, node_id: str, topic: Topic, payload: bytes) -> None:
+        """An addressed message (a follower's status to its master), through the same muting and cuts."""
+        node = self.owner
+        target = node.bus.nodes.get(node_id)
+        if node is not None and node.alive and target is not None and node.bus.allowed(node.node_id, node_id):
+            target.receive(node.node_id, topic, payload)
 
     def emit(self, event: PeerEvent) -> None:
         for callback in self.callbacks:
@@ -88,6 +96,7 @@ class FakeNode:
         self.options = SimpleNamespace(force_master=force_master)
         self.state = SimpleNamespace(last_event_applied_idx=applied)
         self.transport = FakeTransport()
+        self.transport.owner = self
         self.transports = {"control": self.transport, "telemetry": self.transport, "data": self.transport}
         self.master_id: str | None = None
         self.changes: list[str | None] = []

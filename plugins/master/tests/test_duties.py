@@ -158,3 +158,30 @@ def test_a_new_session_ends_the_previous_sessions_tasks_and_joins_the_master() -
     decision = decide_session_start(busy_on("b"), view())
     assert [type(e) for e in decision.events] == [TaskFailed, TaskDeleted, NodeJoined]
     assert all(not isinstance(e, InstanceDeleted) for e in decision.events)  # instances survive failover
+
+
+def test_a_heartbeat_keeps_a_nodes_unchanged_readings_fresh_and_the_filter_sends_only_changes() -> None:
+    import time
+
+    from skulk_kernel.readings import ReadingStore, SendFilter
+    from skulk_kernel.telemetry import Memory, NodeHeartbeat, NodeMemory
+
+    store, sent = ReadingStore(), SendFilter()
+    memory = NodeMemory(node_id="b", ram_total=Memory(in_bytes=8 << 30), ram_available=Memory(in_bytes=4 << 30))
+    store.put("b", memory)
+    old = store.get(NodeMemory, "b")
+    time.sleep(0.01)
+    store.put("b", NodeHeartbeat(node_id="b"))
+    fresh = store.get(NodeMemory, "b")
+    assert old is not None and fresh is not None and fresh.at_monotonic > old.at_monotonic
+    assert fresh.reading is memory and store.nodes() == {"b"}
+    store.forget("b")
+    assert store.last_heard("b") is None and store.nodes() == set()
+    # memory moves a little every round: sent once, then again only past a 64 MiB step
+    assert sent.due(memory) and not sent.due(memory)
+    nudged = memory.model_copy(update={"ram_available": Memory(in_bytes=(4 << 30) + (1 << 20))})
+    moved = memory.model_copy(update={"ram_available": Memory(in_bytes=(4 << 30) + (200 << 20))})
+    assert not sent.due(nudged) and sent.due(moved)
+    assert sent.due(NodeHeartbeat(node_id="b")) and sent.due(NodeHeartbeat(node_id="b"))
+    sent.reset()
+    assert sent.due(moved)

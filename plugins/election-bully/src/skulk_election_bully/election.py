@@ -149,6 +149,7 @@ class BullyElection:
         self.master: str | None = None  # who this node follows (itself when master)
         self._heard: dict[str, tuple[float, ElectionMessage]] = {}  # node -> (when, latest message)
         self._masters: dict[str, ElectionMessage] = {}  # nodes that claim mastership: latest announce
+        self._status_to_all = False
         self._outbox: dict[str, ElectionMessage] = {}
         self._no_master_since = 0.0
         self._next_beat = 0.0
@@ -277,9 +278,16 @@ class BullyElection:
 
     async def _flush(self) -> None:
         out, self._outbox = self._outbox, {}
+        to_all, self._status_to_all = self._status_to_all, False
         for message in out.values():
             try:
-                await self.started_node.publish(Topic.ELECTION, codec.encode(message))
+                if message.kind == "status" and message.master_id is not None and not to_all:
+                    # Only the master counts support: a follower's heartbeat goes to it alone, so the
+                    # control plane carries N statuses per beat instead of N x N.
+                    transport = self.started_node.transports[Topic.ELECTION.plane.value]
+                    await transport.send(message.master_id, Topic.ELECTION, codec.encode(message))
+                else:
+                    await self.started_node.publish(Topic.ELECTION, codec.encode(message))
             except Exception as exc:
                 self.log.warning("could not publish an election %s: %s", message.kind, exc)
 
@@ -336,8 +344,10 @@ class BullyElection:
             master_id=None if kind == "leave" else self.master,
         )
 
-    def _queue(self, kind: Kind) -> None:
+    def _queue(self, kind: Kind, to_all: bool = False) -> None:
+        """Send `kind` at the next flush; `to_all`: a step-down's status, which every node must hear."""
         self._outbox[kind] = self._message(kind)
+        self._status_to_all = self._status_to_all or to_all
 
     # ---------------------------------------------------------------- messages
 
@@ -416,7 +426,7 @@ class BullyElection:
                     mine,
                 )
                 self._set_master(sender, now)
-                self._queue("status")
+                self._queue("status", to_all=True)
             else:
                 self._warn_limited(
                     f"conflict:{sender}",
@@ -506,7 +516,7 @@ class BullyElection:
         if self.is_master:
             self.log.info("round %d elected %s; this node steps down", rnd.clock, winner)
             self._set_master(None, now)
-            self._queue("status")
+            self._queue("status", to_all=True)
         self._follow_best(now)
         if self.master is None:
             self._no_master_since = now

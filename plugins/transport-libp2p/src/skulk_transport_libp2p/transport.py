@@ -38,6 +38,7 @@ from skulk_kernel.api import NodeSurface, PeerEvent, Topic
 
 from . import frames
 from .config import Libp2pConfig, bootstrap_multiaddrs, effective_network_version
+from .counts import MessageCounts
 
 if TYPE_CHECKING:
     from .fabric import Fabric
@@ -79,6 +80,7 @@ class Libp2pTransport:
         self.pnet_secret = b""  # from the cluster secret, at start
         self.outbox: deque[tuple[str, str, bytes]] = deque()
         self._seq: dict[Topic, int] = {}
+        self.counts = MessageCounts()  # per plane, for /v1/diagnostics/node and bench/bench_scale.py
         self._callbacks: dict[Topic, tuple[Callback, ...]] = {}
         self._handlers: dict[Topic, Handler] = {}
         self._peer_callbacks: tuple[Callable[[PeerEvent], None], ...] = ()
@@ -234,6 +236,7 @@ class Libp2pTransport:
         if len(payload) > _max_payload():
             raise ValueError(f"{len(payload)} bytes is too large for a libp2p broadcast; use request/reply")
         self._deliver_local(topic, self.node_id, payload)
+        self.counts.sent(topic)
         seq = self._seq.get(topic, 0)
         self._seq[topic] = seq + 1
         await self._enqueue(("pub", self._names[topic], frames.encode_record(seq, payload)))
@@ -243,6 +246,7 @@ class Libp2pTransport:
         if node_id == self.node_id:
             self._deliver_local(topic, node_id, payload)
             return
+        self.counts.sent(topic)
         frame = frames.encode_frame(frames.MESSAGE, frames.pack_fields(topic.value.encode()) + payload)
         await self._enqueue(("send", node_id, frame))
 
@@ -272,6 +276,8 @@ class Libp2pTransport:
         self.deliver(topic, sender, payload)
 
     def deliver(self, topic: Topic, sender: str, payload: bytes) -> None:
+        if sender != self.node_id:
+            self.counts.received(topic)
         for callback in self._callbacks.get(topic, ()):
             try:
                 callback(sender, payload)
@@ -432,6 +438,7 @@ class Libp2pTransport:
             "skipped_messages": fabric.reorder.skipped if fabric is not None else 0,
             "restarts": self.restarts,
             "last_crash": self.last_crash,
+            "messages": self.counts.snapshot(),
         }
 
 

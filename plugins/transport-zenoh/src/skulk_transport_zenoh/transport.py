@@ -53,6 +53,7 @@ from skulk_kernel.api import NodeSurface, PeerEvent, Plane, Topic
 
 from . import frames
 from .config import ZenohConfig, effective_network_version
+from .counts import MessageCounts
 from .frames import Keys, MalformedFrame
 from .hello import HelloService, tcp_address
 from .sealed import Opener, Rejected, Sealer
@@ -276,6 +277,7 @@ class ZenohTransport:
         self._rpc_pool: ThreadPoolExecutor | None = None
         self._auth_file: str | None = None
         self._malformed = _RateLimitedLog()
+        self.counts = MessageCounts()  # per plane, for /v1/diagnostics/node and bench/bench_scale.py
         self.cluster: ClusterSecret | None = None
         self._sealer: Sealer | None = None
         self._opener: Opener | None = None
@@ -534,6 +536,7 @@ class ZenohTransport:
         """Broadcast to every subscriber of `topic` on every node, this one included."""
         lane = self._lane(topic)
         self._deliver(topic, self.node_id, payload)
+        self.counts.sent(topic)
         if lane is not None:
             key = self._broadcast_keys[topic]
             item = (key, self._frame(key, payload))
@@ -546,6 +549,7 @@ class ZenohTransport:
             self._deliver(topic, node_id, payload)
             return
         lane = self._lane(topic)
+        self.counts.sent(topic)
         if lane is not None:
             frames.check_chunk(node_id, "node id")
             key = self.keys.addressed(topic.plane.value, topic.value, node_id)
@@ -629,6 +633,7 @@ class ZenohTransport:
         except Exception:
             log.exception("dropped an unreadable sample on %s", topic.value)
             return
+        self.counts.received(topic)
         self._deliver(topic, sender, payload)
 
     def _deliver(self, topic: Topic, sender: str, payload: bytes) -> None:
@@ -924,6 +929,7 @@ class ZenohTransport:
             "rejected_frames": self.rejected_frames,
             "malformed_frames": self.malformed_frames,
             "dropped_messages": self.dropped_messages,
+            "messages": self.counts.snapshot(),
         }
 
 
