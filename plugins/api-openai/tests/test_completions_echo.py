@@ -122,3 +122,10 @@ def test_tokenize_and_detokenize(node: NodeProcess) -> None:
     assert back == {"prompt": "hi there"}
     r = httpx.post(node.url + "/detokenize", json={"model": ECHO, "tokens": []}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+
+
+def test_the_openapi_document_declares_the_bodies(node: NodeProcess) -> None:
+    doc = httpx.get(node.url + "/openapi.json", timeout=30).json()
+    for path, field in (("/v1/completions", "prompt"), ("/tokenize", "prompt"), ("/detokenize", "tokens")):
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert field in schema["properties"] and "$ref" not in json.dumps(schema), path

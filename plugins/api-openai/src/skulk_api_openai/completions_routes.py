@@ -37,8 +37,22 @@ from .requests import RequestError
 
 
 def _body(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` declaring `model` as the JSON request body (the route still reads it itself)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    """`openapi_extra` declaring `model` as the JSON request body (the route still reads it itself); nested
+    models are inlined, since pydantic's `#/$defs/...` references mean nothing inside an OpenAPI document."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 def add_completion_routes(
