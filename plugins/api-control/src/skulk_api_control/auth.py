@@ -142,6 +142,10 @@ _INFERENCE_POST = (
     "/v1/chat/completions",
     "/chat/completions",
     "/v1/completions",
+    "/completions",
+    "/tokenize",  # vLLM's tokenizer routes: clients of the inference API (lm-eval's remote tokenizer)
+    "/detokenize",
+    "/tokenizer_info",
     "/v1/responses",
     "/responses",
     "/v1/embeddings",
