@@ -92,10 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         options.node_name = args.node_name
     if args.home:
         options.home = Path(args.home).expanduser()
+        os.environ["SKULK_HOME"] = str(options.home)  # runners find the node's data (and cluster secret)
     if args.no_default_models:
         options.extra["no_default_models"] = True
     if args.join:
         options.extra["join_token"] = args.join
+        os.environ["SKULK_JOIN_TOKEN"] = args.join  # the membership runners prove (llama.cpp RPC tunnels)
     try:
         node = Node(profile, options)
     except NodeError as exc:

@@ -63,6 +63,7 @@ class RankGroup(WireModel):
     """
 
     hosts: tuple[str, ...]
+    layers: tuple[tuple[int, int], ...] = ()  # each rank's [start, end) layers (a driver sizes its split)
     formation_deadline_s: float = Field(default=GROUP_FORMATION_DEADLINE_S, gt=0)
     collective_timeout_s: float = Field(default=60.0, gt=0)
 

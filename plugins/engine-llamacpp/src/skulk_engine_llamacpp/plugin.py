@@ -79,21 +79,30 @@ def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
 @hookimpl
 def register_engines(register: Callable[[Any], None]) -> None:
     from .engine import LlamaCppEngine, LlamaServerEngine
+    from .rpc_engine import LlamaRpcEngine
 
     register(LlamaServerEngine())
     register(LlamaCppEngine())
+    register(LlamaRpcEngine())
 
 
 @hookimpl
 def register_engine_installers(register: Callable[[Any], None]) -> None:
     from .installer import LlamaCppInstaller
+    from .rpc_build import RpcInstaller
 
     for backend in ("cuda", "rocm", "vulkan"):
         register(LlamaCppInstaller(backend))
+    register(RpcInstaller())
 
 
 @hookimpl
 def probe_node(facts: dict[str, Any]) -> None:
     from .engine import probe_builds
+    from .rpc_build import find_build
 
-    facts.setdefault("engine_builds", {}).update(probe_builds())
+    builds = facts.setdefault("engine_builds", {})
+    builds.update(probe_builds())
+    if (rpc := find_build()) is not None:
+        builds["llama_rpc"] = rpc.group_key  # what the planner compares across the ranks of a group
+        builds["llama_rpc (build)"] = rpc.describe()

@@ -285,18 +285,24 @@ class LlamaServer:
                 p.n_ctx = self._n_ctx_req
             if self.cache_type != "f16":  # quantized K and V (V needs flash attention, on above)
                 p.cache_type_k = p.cache_type_v = getattr(xlc.ggml_type, f"GGML_TYPE_{self.cache_type.upper()}")
-            gguf_template = read_gguf_chat_template(self.model_path)
-            template = self._chat_template_override or gguf_template
-            mode = self._tool_mode_req
-            if mode == "auto":
-                mode = "native" if template_supports_tools(template) else "prompt"
-            if not template_supports_tools(template) and is_chatml(template):
-                # without it llama.cpp drops `tools` silently and breaks on tool-call history
-                template = chatml_tools_template(default_system_prompt(template))
-            self.tool_mode = mode
-            if template and template != gguf_template:
+            template = self._chat_template()
+            if template is not None:
                 p.chat_template = template
         return p
+
+    def _chat_template(self) -> str | None:
+        """The template the server must be given instead of the GGUF's own (None: keep the GGUF's), and
+        `tool_mode` set from it."""
+        gguf_template = read_gguf_chat_template(self.model_path)
+        template = self._chat_template_override or gguf_template
+        mode = self._tool_mode_req
+        if mode == "auto":
+            mode = "native" if template_supports_tools(template) else "prompt"
+        if not template_supports_tools(template) and is_chatml(template):
+            # without it llama.cpp drops `tools` silently and breaks on tool-call history
+            template = chatml_tools_template(default_system_prompt(template))
+        self.tool_mode = mode
+        return template if template and template != gguf_template else None
 
     def _model_context(self) -> int | None:
         meta = read_gguf_metadata(self.model_path, ("general.architecture",))

@@ -53,6 +53,7 @@ def capacities(node: NodeSurface) -> dict[str, NodeCapacity]:
             models_present=frozenset(res.reading.models_present),
             vram_available=res.reading.vram_available,
             os=system.reading.os if (system := systems.get(node_id)) is not None else "",
+            builds=res.reading.engine_builds,
         )
     return caps
 

@@ -276,6 +276,9 @@ class MemoryPlanner:
                 "models, such as mlx"
             )
             return None
+        if width > 1 and (why := self._mixed_builds(backend, ring, caps)):
+            rejections.append(why)
+            return None
         if request.sharding == "Tensor" and width > 1 and not card.supports_tensor:
             rejections.append(
                 f"{card.model_id} does not support tensor sharding (its card says "
@@ -309,6 +312,21 @@ class MemoryPlanner:
             first = first or why
         rejections.append(first)
         return None
+
+    @staticmethod
+    def _mixed_builds(backend: str, ring: tuple[str, ...], caps: dict[str, NodeCapacity]) -> str:
+        """Why `ring` cannot form one group on `backend` because its nodes run different builds of the
+        engine ('' when they agree): the ranks of one instance speak one protocol (llama.cpp's RPC
+        version, an MLX ring's wire format), and a mismatch fails only once the group forms."""
+        engine = backend.split("-", 1)[0]
+        builds = {n: caps[n].builds.get(engine, "") for n in ring}
+        if len(set(builds.values())) <= 1:
+            return ""
+        listed = ", ".join(f"{n}: {b or 'unknown'}" for n, b in builds.items())
+        return (
+            f"nodes {', '.join(ring)} run different {engine} builds ({listed}); the ranks of one instance "
+            "need one build: install the same one on each (skulk-kernel engines install)"
+        )
 
     def _fits(
         self,
@@ -381,7 +399,11 @@ class MemoryPlanner:
                 backend=cand.backend,
             )
             node_to_runner[NodeId(node)] = runner_id
-        group = RankGroup(hosts=ring_hosts(instance_id, cand.nodes, caps)) if len(cand.nodes) > 1 else None
+        group = (
+            RankGroup(hosts=ring_hosts(instance_id, cand.nodes, caps), layers=tuple(cand.shares[n] for n in cand.nodes))
+            if len(cand.nodes) > 1
+            else None
+        )
         return RingInstance(
             instance_id=InstanceId(instance_id),
             shard_assignments=ShardAssignments(

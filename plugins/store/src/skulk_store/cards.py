@@ -38,12 +38,24 @@ def card_from_mapping(data: dict[str, Any], source: str) -> ModelCard:
 
 #: llama.cpp's backend tags for a GGUF, GPU builds first: a node advertises only what its build and
 #: hardware run (engine-llamacpp's accel.py), so the planner takes the GPU where there is one (and
-#: its VRAM holds the model) and the CPU otherwise.
+#: its VRAM holds the model) and the CPU otherwise. ``llama_rpc`` (several nodes over llama.cpp's RPC)
+#: comes last for each: whole-model engines win wherever one node holds the model.
 GGUF_BACKENDS = tuple(
     f"{engine}-{compute}"
     for compute in ("cuda", "rocm", "metal", "vulkan", "cpu")
-    for engine in ("llama_server", "llama_cpp")
+    for engine in ("llama_server", "llama_cpp", "llama_rpc")
 )
+
+
+def with_current_backends(card: ModelCard) -> ModelCard:
+    """A GGUF card written before this version knew some llama.cpp backends (a sidecar installed before
+    ``llama_rpc`` existed) gets today's list, so a model on disk splits across nodes like a new one."""
+    known = set(card.compatible_backends)
+    if "llama_server-cpu" not in known or known >= set(GGUF_BACKENDS) or not known <= set(GGUF_BACKENDS):
+        return card
+    engines = {b.split("-", 1)[0] for b in known} | ({"llama_rpc"} if "TextGeneration" in card.tasks else set())
+    current = tuple(b for b in GGUF_BACKENDS if b.split("-", 1)[0] in engines)
+    return card.model_copy(update={"compatible_backends": current, "backend_preference": current})
 
 
 def card_from_toml(path: Path) -> ModelCard:

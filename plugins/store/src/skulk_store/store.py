@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from skulk_kernel.api import ModelCard
 
-from .cards import card_from_config_json, card_from_gguf, card_from_toml
+from .cards import card_from_config_json, card_from_gguf, card_from_toml, with_current_backends
 from .disk import DEFAULT_HEADROOM, DEFAULT_LOW_DISK, ensure_room
 from .downloads import Downloads
 from .progress import ProgressReporter
@@ -168,7 +168,7 @@ class LocalModelStore:
             except (ValueError, KeyError) as exc:
                 log.warning("ignoring %s: unreadable sidecar (%s)", folder, exc)
                 continue
-            found[card.model_id] = (card, folder / data.get("main_file", ""))
+            found[card.model_id] = (with_current_backends(card), folder / data.get("main_file", ""))
         self._installed_cache = (mtime, found)
         return found
 
