@@ -129,3 +129,11 @@ def test_the_openapi_document_declares_the_bodies(node: NodeProcess) -> None:
     for path, field in (("/v1/completions", "prompt"), ("/tokenize", "prompt"), ("/detokenize", "tokens")):
         schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert field in schema["properties"] and "$ref" not in json.dumps(schema), path
+
+
+def test_a_client_that_leaves_mid_stream_cancels_every_choice(node: NodeProcess) -> None:
+    words = " ".join(f"w{i}" for i in range(300))  # 15 s each at 50 ms a word: only a cancel ends them in 5
+    body = {"model": ECHO, "prompt": f"/slow {words}", "max_tokens": 300, "n": 3, "stream": True}
+    with httpx.stream("POST", node.url + "/v1/completions", json=body, timeout=30) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: "))
+    node.wait_until(lambda: not node.state()["tasks"], 5, "the three choices' tasks to end")

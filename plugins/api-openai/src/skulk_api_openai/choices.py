@@ -20,12 +20,16 @@ from skulk_kernel.api import Chunk, ErrorChunk, NodeSurface, TextGenerationParam
 @dataclass
 class ChoiceHandles(InferenceHandle):
     handles: list[InferenceHandle] = field(default_factory=list)
+    pumps: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def close(self) -> None:
+        """Close every choice (cancelling the unfinished) and stop reading them, however the answer ended."""
         if self.closed:
             return
         self.closed = True
-        await asyncio.gather(*(h.close() for h in self.handles), return_exceptions=True)
+        for pump in self.pumps:
+            pump.cancel()
+        await asyncio.gather(*(h.close() for h in self.handles), *self.pumps, return_exceptions=True)
 
     async def merged(self) -> AsyncIterator[tuple[int, Chunk]]:
         """`(index, chunk)` of every choice as it arrives, until each has ended (its terminal chunk)."""
@@ -39,6 +43,7 @@ class ChoiceHandles(InferenceHandle):
                 await queue.put(None)
 
         pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(self.handles)]
+        self.pumps.extend(pumps)  # a reader that stops early leaves them to close()
         running = len(pumps)
         try:
             while running:
