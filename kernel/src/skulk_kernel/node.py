@@ -217,6 +217,10 @@ class Node:
         self.spawn(pump(), f"pump-{topic.value}")
 
     async def publish(self, topic: Topic, payload: bytes) -> None:
+        master = self.master_id
+        if topic in (Topic.COMMANDS, Topic.LOCAL_EVENTS) and master in (self.node_id, *self._peers):
+            # only the master reads these: addressed to it (over a live session), not sent to every node
+            return await self._transport(topic).send(str(master), topic, payload)
         await self._transport(topic).publish(topic, payload)
 
     async def submit(self, command: Command, timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:

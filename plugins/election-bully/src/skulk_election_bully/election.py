@@ -281,11 +281,11 @@ class BullyElection:
         to_all, self._status_to_all = self._status_to_all, False
         for message in out.values():
             try:
-                if message.kind == "status" and message.master_id is not None and not to_all:
-                    # Only the master counts support: a follower's heartbeat goes to it alone, so the
-                    # control plane carries N statuses per beat instead of N x N.
-                    transport = self.started_node.transports[Topic.ELECTION.plane.value]
-                    await transport.send(message.master_id, Topic.ELECTION, codec.encode(message))
+                transport = self.started_node.transports[Topic.ELECTION.plane.value]
+                if message.kind == "status" and message.master_id in getattr(transport, "peers", ()) and not to_all:
+                    # Only the master counts support: a follower's heartbeat goes to it alone (over a
+                    # live session), so the control plane carries N statuses per beat, not N x N.
+                    await transport.send(str(message.master_id), Topic.ELECTION, codec.encode(message))
                 else:
                     await self.started_node.publish(Topic.ELECTION, codec.encode(message))
             except Exception as exc:
