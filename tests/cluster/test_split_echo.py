@@ -151,8 +151,11 @@ def test_a_dead_rank_ends_the_stream_fails_the_instance_and_it_is_placed_again(c
     assert any(f["instanceId"] == placed["instance_id"] for f in failures), failures
 
 
-def test_an_engine_that_cannot_split_is_refused_across_nodes(cluster_factory: Any) -> None:
-    cluster = cluster_factory(default_models=(), engine="engine-llamacpp")
+def test_an_engine_that_cannot_split_is_refused_across_nodes(cluster_factory: Any, tmp_path: Any) -> None:
+    # nodes without llama.cpp's RPC build: only whole-model llama.cpp engines
+    cluster = cluster_factory(
+        default_models=(), engine="engine-llamacpp", env={"SKULK_LLAMACPP_RPC_DIR": str(tmp_path)}
+    )
     a = cluster.start("--no-default-models").wait_api()
     cluster.start("--no-default-models").wait_api()
     cluster.wait_agreed()
@@ -165,5 +168,43 @@ def test_an_engine_that_cannot_split_is_refused_across_nodes(cluster_factory: An
     a.wait_until(lambda: refused() is not None, 30, "a 400 for a 2-node llama.cpp placement")
     r = refused()
     assert r is not None
-    assert "runs whole models only" in r.json()["error"]["message"], r.text
+    message = r.json()["error"]["message"]
+    assert "runs whole models only" in message and "engines install llamacpp-rpc" in message, r.text
     assert a.get("/state").json()["instances"] == {}
+
+
+def test_nodes_with_different_llama_rpc_builds_are_not_grouped_and_the_preview_says_why(
+    cluster_factory: Any, tmp_path: Any
+) -> None:
+    """Node b runs another llama.cpp revision's RPC build (the cached build copied under a marker naming
+    another revision and protocol: building a second revision here would take ten minutes)."""
+    import json as _json
+    import shutil
+
+    from skulk_engine_llamacpp.rpc_build import MARKER, RpcBuildError, ensure_rpc_build
+
+    try:
+        build = ensure_rpc_build("cpu")
+    except (RpcBuildError, OSError) as exc:
+        pytest.skip(f"no RPC build of llama.cpp here: {exc}")
+    other = tmp_path / "other-build"
+    shutil.copytree(build.directory, other)
+    marker = _json.loads((other / MARKER).read_text())
+    (other / MARKER).write_text(_json.dumps({**marker, "revision": "b1d2e3f", "protocol": "6.1.0"}))
+    cluster = cluster_factory(default_models=(), engine="engine-llamacpp")
+    a = cluster.start("--no-default-models").wait_api()
+    cluster.start("--no-default-models", env={"SKULK_LLAMACPP_RPC_DIR": str(other)}).wait_api()
+    cluster.wait_agreed()
+    model = next(m["id"] for m in a.get("/models").json()["data"] if "SmolLM2" in m["id"])
+
+    def two_node_preview() -> dict[str, Any] | None:
+        previews = a.get("/instance/previews", params={"model_id": model}).json()["previews"]
+        entry = next(p for p in previews if p["sharding"] == "Pipeline" and p["min_nodes"] == 2)
+        return entry if entry["error"] and "llama_rpc" in entry["error"] else None
+
+    a.wait_until(lambda: two_node_preview() is not None, 30, "the 2-node preview to name the llama_rpc builds")
+    entry = two_node_preview()
+    assert entry is not None
+    assert "different llama_rpc builds" in entry["error"] and "b1d2e3f" in entry["error"], entry["error"]
+    r = a.post("/place_instance", json={"model_id": model, "min_nodes": 2})
+    assert r.status_code == 400 and "different llama_rpc builds" in r.json()["error"]["message"], r.text

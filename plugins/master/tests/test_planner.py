@@ -285,3 +285,47 @@ def test_a_replica_goes_to_a_node_that_does_not_serve_the_model_yet():
         PlacementRequest(model=CARD), state.model_copy(update={"instances": {"1": first, "2": second}}), nodes, "inst-3"
     )
     assert len(third.shard_assignments.node_to_runner) == 1  # every node has one: memory decides again
+
+
+# ---------------------------------------------------------------- llama.cpp RPC groups
+
+
+def rpc_cap(node: str, gib: float, build: str) -> NodeCapacity:
+    return NodeCapacity(
+        node_id=node,
+        ram_available=int(gib * GiB),
+        ram_total=int(gib * GiB * 2),
+        backends=("llama_server-cpu", "llama_rpc-cpu"),
+        splits={"llama_server-cpu": (), "llama_rpc-cpu": ("Pipeline",)},
+        addresses=(f"10.0.0.{ord(node[0])}", "127.0.0.1"),
+        builds={"llama_server": "xllamacpp 1", "llama_rpc": build},
+    )
+
+
+RPC_CARD = CARD.model_copy(
+    update={
+        "compatible_backends": ("llama_server-cpu", "llama_rpc-cpu"),
+        "backend_preference": ("llama_server-cpu", "llama_rpc-cpu"),
+    }
+)
+
+
+def test_a_gguf_splits_over_llama_rpc_with_each_ranks_layers_in_its_group():
+    nodes = {n: rpc_cap(n, 3, "llama.cpp 0c1e570 (RPC protocol 7.0.0)") for n in "abc"}
+    inst = MemoryPlanner().place(PlacementRequest(model=RPC_CARD, min_nodes=3), State(), nodes, "inst-r")
+    shards = sorted(inst.shard_assignments.runner_to_shard.values(), key=lambda s: s.device_rank)
+    assert {s.backend for s in shards} == {"llama_rpc-cpu"} and inst.engine == "llama_rpc"
+    assert inst.group is not None and inst.group.layers == tuple((s.start_layer, s.end_layer) for s in shards)
+    one = MemoryPlanner().place(PlacementRequest(model=RPC_CARD), State(), nodes, "inst-1")
+    assert one.engine == "llama_server"  # a whole-model engine wherever one node holds it
+
+
+def test_nodes_with_different_rpc_builds_are_never_grouped_and_the_reason_names_them():
+    nodes = {
+        "a": rpc_cap("a", 3, "llama.cpp 0c1e570 (RPC protocol 7.0.0)"),
+        "b": rpc_cap("b", 3, "llama.cpp 9f2 (RPC protocol 6.1.0)"),
+    }
+    with pytest.raises(
+        PlacementError, match=r"run different llama_rpc builds \(a: llama.cpp 0c1e570.*b: llama.cpp 9f2"
+    ):
+        MemoryPlanner().place(PlacementRequest(model=RPC_CARD, min_nodes=2), State(), nodes, "inst-x")

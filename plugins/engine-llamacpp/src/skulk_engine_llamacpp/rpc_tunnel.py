@@ -88,8 +88,7 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 
 @dataclass
 class TunnelStats:
-    connections: int = 0
-    refused_handshakes: int = 0
+    connections: int = 0  # members' connections carried to an rpc-server or from a driver
     bytes_up: int = 0  # towards the rpc-server
     bytes_down: int = 0
     closed_by_peer: list[str] = field(default_factory=list)
@@ -161,21 +160,13 @@ class Tunnels:
             self.stats.connections += 1
             await self._join((reader, writer), back, f"member {peer}")
 
+        # asyncio completes the handshake before `handle` runs (a non-member never gets that far); TLS must
+        # start here, not with start_tls in the handler: a ClientHello already buffered there is lost
         server = await asyncio.start_server(
             handle, host, port, ssl=self.tls.server, ssl_handshake_timeout=10, reuse_address=True
         )
         self._servers.append(server)
-        # a failed handshake (a non-member) is logged by asyncio's exception handler: count it instead
-        self._loop.set_exception_handler(self._on_loop_error)
         return int(server.sockets[0].getsockname()[1])
-
-    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, ssl.SSLError | ConnectionError):
-            self.stats.refused_handshakes += 1
-            log.warning("rpc tunnel refused a connection: %s", exc)
-            return
-        loop.default_exception_handler(context)
 
     # ---------------------------------------------------------------- the driver's side
 

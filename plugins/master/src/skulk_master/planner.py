@@ -273,7 +273,7 @@ class MemoryPlanner:
             rejections.append(
                 f"the {backend} engine runs whole models only: it cannot split {card.model_id} across {width} "
                 f"nodes ({request.sharding}); place it on one node (min_nodes 1), or use an engine that splits "
-                "models, such as mlx"
+                "models: llama_rpc for a GGUF (skulk-kernel engines install llamacpp-rpc on each node), mlx"
             )
             return None
         if width > 1 and (why := self._mixed_builds(backend, ring, caps)):
