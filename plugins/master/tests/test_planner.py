@@ -329,3 +329,32 @@ def test_nodes_with_different_rpc_builds_are_never_grouped_and_the_reason_names_
         PlacementError, match=r"run different llama_rpc builds \(a: llama.cpp 0c1e570.*b: llama.cpp 9f2"
     ):
         MemoryPlanner().place(PlacementRequest(model=RPC_CARD, min_nodes=2), State(), nodes, "inst-x")
+
+
+def test_an_rpc_group_spans_a_gpu_box_and_a_cpu_node_each_charged_against_its_own_pool():
+    build = "llama.cpp 0c1e570 (RPC protocol 7.0.0)"
+    gpu = NodeCapacity(
+        node_id="g",
+        ram_available=1 * GiB,  # the GPU box's RAM alone could not hold its share
+        ram_total=2 * GiB,
+        backends=("llama_server-cuda", "llama_rpc-cuda"),
+        splits={"llama_server-cuda": (), "llama_rpc-cuda": ("Pipeline",)},
+        addresses=("10.0.0.1", "127.0.0.1"),
+        vram_available=6 * GiB,
+        builds={"llama_rpc": build},
+    )
+    nodes = {"g": gpu, "c": rpc_cap("c", 3, build)}
+    card = RPC_CARD.model_copy(
+        update={
+            "compatible_backends": ("llama_server-cuda", "llama_rpc-cuda", "llama_server-cpu", "llama_rpc-cpu"),
+            "backend_preference": ("llama_server-cuda", "llama_rpc-cuda", "llama_server-cpu", "llama_rpc-cpu"),
+        }
+    )
+    inst = MemoryPlanner().place(PlacementRequest(model=card, min_nodes=2), State(), nodes, "inst-m")
+    by_node = {
+        n: inst.shard_assignments.runner_to_shard[r].backend for n, r in inst.shard_assignments.node_to_runner.items()
+    }
+    assert by_node == {"g": "llama_rpc-cuda", "c": "llama_rpc-cpu"} and inst.engine == "llama_rpc"
+    shares = {n: inst.shard_assignments.runner_to_shard[r] for n, r in inst.shard_assignments.node_to_runner.items()}
+    # layers follow each node's own pool: the GPU's 6 GiB of VRAM takes more than the CPU node's 3 GiB of RAM
+    assert shares["g"].end_layer - shares["g"].start_layer > shares["c"].end_layer - shares["c"].start_layer

@@ -230,11 +230,17 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
                     entry["error"] = exc.message
                 else:
                     entry["instance"] = to_reference(instance.wire())
+                    entry["engine"] = instance.engine
                     card = resolve_card(node, model_id)
+                    ranks = []
                     for nid, rid in instance.shard_assignments.node_to_runner.items():
                         shard = instance.shard_assignments.runner_to_shard[rid]
                         share = (shard.end_layer - shard.start_layer) / shard.n_layers
                         entry["memory_delta_by_node"][nid] = int(card.storage_size * share) if card else 0
+                        # each rank's device: its backend tag's compute (llama_rpc-cuda beside llama_rpc-metal)
+                        ranks.append({"node_id": nid, "rank": shard.device_rank, "backend": shard.backend,
+                                      "layers": [shard.start_layer, shard.end_layer]})  # fmt: skip
+                    entry["ranks"] = sorted(ranks, key=lambda r: r["rank"])
                     entry["memory_by_node"] = memory_breakdown(card, instance, _overhead(node)) if card else {}
                 out.append(entry)
         return out

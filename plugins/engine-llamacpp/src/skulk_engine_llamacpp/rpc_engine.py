@@ -73,11 +73,17 @@ def _stop(process: subprocess.Popen[bytes] | None) -> None:
         process.wait(5)
 
 
-def tensor_split(shares: list[tuple[int, int]]) -> tuple[int, list[int]]:
-    """(layers offloaded to the RPC devices, each device's layer count) from the ranks' shares:
-    llama.cpp offloads the *last* ``-ngl`` layers, so rank 0 keeps [0, its end) on its own CPU."""
-    remote = [end - start for start, end in shares[1:]]
-    return sum(remote), remote
+def tensor_split(shares: list[tuple[int, int]], local_gpu: bool = False) -> tuple[int, list[int]]:
+    """(``-ngl``, ``--tensor-split``) from the ranks' layer shares, in rank order.
+
+    A CPU driver: llama.cpp offloads the *last* ``-ngl`` layers to the devices (the RPC ranks, in
+    ``--rpc`` order) and keeps the rest, rank 0's [0, end), on its CPU. A GPU driver: every layer and
+    the output go to devices, its own GPU first (llama.cpp lists local devices before RPC ones), so
+    the split names rank 0's share too."""
+    counts = [end - start for start, end in shares]
+    if local_gpu:
+        return sum(counts) + 1, counts
+    return sum(counts[1:]), counts[1:]
 
 
 class RpcLlamaServer(LlamaServer):
@@ -340,7 +346,8 @@ class LlamaRpcEngine(_LlamaEngine):
             tunnels.wait_reachable(remote, deadline)
         local = [f"127.0.0.1:{tunnels.reach(remote)}" for remote in remotes]
         shares = list(spec.group.layers) if spec.group is not None and spec.group.layers else _even_shares(spec)
-        ngl, split = tensor_split(shares)
+        local_gpu = build.compute != "cpu" and not spec.shard.backend.endswith("-cpu")
+        ngl, split = tensor_split(shares, local_gpu)
         server = RpcLlamaServer(
             build,
             local,

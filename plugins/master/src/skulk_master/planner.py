@@ -50,6 +50,9 @@ from .memory import (
 )
 
 MAX_CYCLE = 4
+#: engines whose ranks may run different computes (each rank's own build and device: a CUDA box's
+#: rpc-server beside a Mac's Metal one); every other engine's ranks share one backend tag
+MIXED_COMPUTE_ENGINES = frozenset({"llama_rpc"})
 # Ports of multi-rank groups: [base, base + span + MAX_CYCLE). Below every common ephemeral range
 # (Linux 32768-60999, macOS and Windows 49152-65535): a port the kernel hands to any outgoing
 # connection or bind(0) on the host could not be listened on, and the group would never form (seen:
@@ -64,6 +67,10 @@ class _Candidate:
     shares: dict[str, tuple[int, int]]  # node -> (start_layer, end_layer)
     context: int = 0
     need: dict[str, int] = field(default_factory=dict)  # node -> bytes admitted
+    tags: dict[str, str] = field(default_factory=dict)  # node -> its own backend tag, where they differ
+
+    def tag(self, node: str) -> str:
+        return self.tags.get(node, self.backend)
 
 
 def ring_hosts(instance_id: str, ring: tuple[str, ...], caps: dict[str, NodeCapacity]) -> tuple[str, ...]:
@@ -136,12 +143,18 @@ class MemoryPlanner:
         return kv_bytes(card, card.context_length if context is None else context, kv_cache_type)
 
     def _layer_split(
-        self, card: ModelCard, ring: tuple[str, ...], caps: dict[str, NodeCapacity], sharding: str, backend: str = ""
+        self,
+        card: ModelCard,
+        ring: tuple[str, ...],
+        caps: dict[str, NodeCapacity],
+        sharding: str,
+        backend: str = "",
+        tags: dict[str, str] | None = None,
     ) -> dict[str, tuple[int, int]]:
         n = card.n_layers
         if sharding == "Tensor" or len(ring) == 1:
             return {node: (0, n) for node in ring}
-        weights = [max(memory_pool(caps[node], backend)[1], 1) for node in ring]
+        weights = [max(memory_pool(caps[node], (tags or {}).get(node, backend))[1], 1) for node in ring]
         total = sum(weights)
         bounds, start = {}, 0
         for i, node in enumerate(ring):
@@ -245,6 +258,8 @@ class MemoryPlanner:
         common = set.intersection(*(set(caps[n].backends) for n in ring))
         allowed = [b for b in common if not card.compatible_backends or b in card.compatible_backends]
         if not allowed:
+            if (mixed := self._check_mixed(request, card, ring, caps, rejections, state, contexts)) is not None:
+                return mixed
             have = {n: list(caps[n].backends) for n in ring}
             rejections.append(f"no backend compatible with {list(card.compatible_backends) or 'any'} on {have}")
             return None
@@ -255,6 +270,37 @@ class MemoryPlanner:
             found = self._check_backend(request, card, ring, caps, rejections, state, contexts, backend)
             if found is not None:
                 return found
+        return self._check_mixed(request, card, ring, caps, rejections, state, contexts)
+
+    def _check_mixed(
+        self,
+        request: PlacementRequest,
+        card: ModelCard,
+        ring: tuple[str, ...],
+        caps: dict[str, NodeCapacity],
+        rejections: list[str],
+        state: State,
+        contexts: list[int],
+    ) -> _Candidate | None:
+        """A ring of an engine whose ranks may differ in compute (MIXED_COMPUTE_ENGINES), each node on
+        its own most preferred tag of that engine and charged against that tag's pool."""
+        if len(ring) < 2:
+            return None
+        pref = list(card.backend_preference)
+        for engine in sorted(MIXED_COMPUTE_ENGINES):
+            tags: dict[str, str] = {}
+            for node in ring:
+                own = [
+                    b
+                    for b in caps[node].backends
+                    if b.split("-", 1)[0] == engine and (not card.compatible_backends or b in card.compatible_backends)
+                ]
+                if not own:
+                    break
+                tags[node] = min(own, key=lambda b: (pref.index(b) if b in pref else len(pref), b))
+            if len(tags) == len(ring) and len(set(tags.values())) > 1:
+                first = tags[ring[0]]
+                return self._check_backend(request, card, ring, caps, rejections, state, contexts, first, tags)
         return None
 
     def _check_backend(
@@ -267,9 +313,11 @@ class MemoryPlanner:
         state: State,
         contexts: list[int],
         backend: str,
+        tags: dict[str, str] | None = None,
     ) -> _Candidate | None:
         width = len(ring)
-        if width > 1 and any(request.sharding not in caps[n].splits.get(backend, ()) for n in ring):
+        tags = tags or {}
+        if width > 1 and any(request.sharding not in caps[n].splits.get(tags.get(n, backend), ()) for n in ring):
             rejections.append(
                 f"the {backend} engine runs whole models only: it cannot split {card.model_id} across {width} "
                 f"nodes ({request.sharding}); place it on one node (min_nodes 1), or use an engine that splits "
@@ -303,12 +351,12 @@ class MemoryPlanner:
                 f"({', '.join(sorted(QUANTIZED_KV_ENGINES))}); {backend} keeps it at f16"
             )
             return None
-        shares = self._layer_split(card, ring, caps, request.sharding, backend)
+        shares = self._layer_split(card, ring, caps, request.sharding, backend, tags)
         first = ""
         for context in contexts:
-            need, why = self._fits(request, card, ring, caps, shares, backend, context, state)
+            need, why = self._fits(request, card, ring, caps, shares, backend, context, state, tags)
             if not why:
-                return _Candidate(ring, backend, shares, context, need)
+                return _Candidate(ring, backend, shares, context, need, tags)
             first = first or why
         rejections.append(first)
         return None
@@ -338,10 +386,13 @@ class MemoryPlanner:
         backend: str,
         context: int,
         state: State,
+        tags: dict[str, str] | None = None,
     ) -> tuple[dict[str, int], str]:
         """(bytes needed per node, "") when `ring` holds the model at `context` tokens; else ({}, why)."""
         width, kv_type, needs = len(ring), request.kv_cache_type, {}
+        ring_backend = backend
         for node in ring:
+            backend = (tags or {}).get(node, ring_backend)  # the node's own tag (and pool) in a mixed ring
             start, end = shares[node]
             share = (1 / width) if request.sharding == "Tensor" else (end - start) / card.n_layers
             need = self.need_bytes(card, share, width, context, kv_type, backend)
@@ -396,7 +447,7 @@ class MemoryPlanner:
                 start_layer=start,
                 end_layer=end,
                 n_layers=card.n_layers,
-                backend=cand.backend,
+                backend=cand.tag(node),
             )
             node_to_runner[NodeId(node)] = runner_id
         group = (
