@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 import pytest
-from skulk_engine_llamacpp.completion import PromptEcho, complete, native_sampling, score_prompt
+from skulk_engine_llamacpp.completion import PromptEcho, ScoringProgress, complete, native_sampling, score_prompt
 from skulk_engine_llamacpp.events import BackendError, Finish, TextDelta
 from skulk_kernel.api import CompletionParams
 
@@ -55,7 +55,7 @@ def test_the_echoed_prompt_scores_as_the_model_generates(chat_server: Any) -> No
 
 def test_echo_without_generating(chat_server: Any) -> None:
     events = run(chat_server, CompletionParams(echo=True, prompt_logprobs=0, generate=False), PROMPT)
-    echo, fin = events
+    echo, fin = [e for e in events if not isinstance(e, ScoringProgress)]  # progress only on a slow box
     assert isinstance(echo, PromptEcho) and echo.text == PROMPT and len(echo.ids) == len(echo.logprobs) == 5
     assert all(lp.top == () for lp in echo.logprobs) and isinstance(fin, Finish) and fin.reason == "length"
 

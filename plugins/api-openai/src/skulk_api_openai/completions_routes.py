@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from skulk_api_control.adapter_routes import ErrorAnswers, answer, canonical_model, read_json, stream_body
 from skulk_api_control.dispatch import InferenceError, InferenceHandle
 from skulk_api_control.streaming import Dispatch
-from skulk_kernel.api import NodeSurface, TextGenerationParams, resolve_card
+from skulk_kernel.api import NodeSurface, PrefillProgressChunk, TextGenerationParams, resolve_card
 
 from . import completions
 from .chat import KEEPALIVE
@@ -219,6 +219,9 @@ async def _events(
     """One event per piece of text, a finish event per choice; an error ends the stream (no [DONE])."""
     choices = [completions.Choice(i, req.logprobs is not None) for i in range(len(handle.handles))]
     async for index, chunk in handle.merged():
+        if isinstance(chunk, PrefillProgressChunk):  # a long prompt being read or scored: keep the client's wait alive
+            yield f": prefill_progress {chunk.processed}/{chunk.total}\n\n"
+            continue
         choice = choices[index]
         added = choice.add(chunk)
         if choice.error is not None:

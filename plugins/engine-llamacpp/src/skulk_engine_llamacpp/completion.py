@@ -20,6 +20,7 @@ at a time would.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,17 @@ from .server_backend import LlamaServer, _error_from
 
 #: a bias no logit overcomes: the forced token is the one sampled
 FORCE_BIAS = 1000.0
+#: how often a prompt being scored reports its progress
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringProgress:
+    """Prompt positions scored so far: sent now and then while a long prompt is scored, so the request's
+    stream is not taken for idle (the API gives up on a stream silent for two minutes)."""
+
+    done: int
+    total: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +73,7 @@ def complete(
     token_ids: bool,
     cancel: CancelCheck,
     model_id: str,
-) -> Iterator[Event | PromptEcho]:
+) -> Iterator[Event | PromptEcho | ScoringProgress]:
     """One text completion as events: the echoed prompt (if asked), then text deltas and a Finish.
 
     ``logprobs`` is the number of alternatives per generated token (None: no logprobs).
@@ -71,10 +83,18 @@ def complete(
         text = detokenize(server, completion.prompt_ids)
     ids: list[int] | None = list(completion.prompt_ids) or None
     if completion.echo:
-        ids, echo = _echo(server, completion, text, cancel)
+        ids, lead, text = _prompt(server, completion, text)
+        scored: list[TokenLogprob] = []
+        if completion.prompt_logprobs is not None:
+            reported = time.monotonic()
+            for lp in score_prompt(server, ids, completion.prompt_logprobs, cancel, lead):
+                scored.append(lp)
+                if time.monotonic() - reported >= PROGRESS_EVERY_S:
+                    reported = time.monotonic()
+                    yield ScoringProgress(len(scored), len(ids) - lead)
         if cancel():
             return
-        yield echo
+        yield PromptEcho(text, tuple(ids[lead:]), tuple(scored))
     if not completion.generate:
         yield Finish("length", len(ids or ()), 0)
         return
@@ -101,20 +121,14 @@ def complete(
         raise
 
 
-def _echo(
-    server: LlamaServer, completion: CompletionParams, text: str, cancel: CancelCheck
-) -> tuple[list[int], PromptEcho]:
-    """The prompt's ids as generation reads them, and its echo (with logprobs when asked)."""
+def _prompt(server: LlamaServer, completion: CompletionParams, text: str) -> tuple[list[int], int, str]:
+    """The prompt's ids as generation reads them, how many lead tokens (a BOS) its text does not spell,
+    and its text."""
     if completion.prompt_ids:
-        ids, lead = list(completion.prompt_ids), 0
-        text = detokenize(server, ids)
-    else:
-        ids = server.tokenize(text, add_special=True)
-        lead = max(0, len(ids) - len(server.tokenize(text, add_special=False)))  # a BOS the text does not spell
-    scored: tuple[TokenLogprob, ...] = ()
-    if completion.prompt_logprobs is not None:
-        scored = tuple(score_prompt(server, ids, completion.prompt_logprobs, cancel, lead))
-    return ids, PromptEcho(text, tuple(ids[lead:]), scored)
+        ids = list(completion.prompt_ids)
+        return ids, 0, detokenize(server, ids)
+    ids = server.tokenize(text, add_special=True)
+    return ids, max(0, len(ids) - len(server.tokenize(text, add_special=False))), text
 
 
 def score_prompt(

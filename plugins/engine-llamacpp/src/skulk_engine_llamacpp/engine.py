@@ -38,7 +38,7 @@ from skulk_kernel.api import (
 from .accel import Compute, OffloadPlan, detect_build, gpu_free_bytes, layer_bytes, plan_offload
 from .accel import backend_tags as accel_tags
 from .admission import DEFAULT_MAX_TOKENS, TokenGate
-from .completion import PromptEcho, complete
+from .completion import PromptEcho, ScoringProgress, complete
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from .plugin import LlamaCppConfig, llamacpp_config
@@ -122,6 +122,7 @@ def to_sampling(params: TextGenerationParams) -> dict[str, Any]:
         "frequency_penalty": s.frequency_penalty,
         "max_tokens": s.max_tokens,
         "stop": list(s.stop) or None,
+        "ignore_eos": s.ignore_eos or None,  # the server backend's SAMPLING_KEYS pass it to llama.cpp
     }
 
 
@@ -152,6 +153,11 @@ class LlamaSession:
         self.gate = gate
         #: the layers on the GPU and why (None: a CPU build)
         self.offload: OffloadPlan | None = None
+
+    @property
+    def ignores_eos(self) -> bool:
+        """llama.cpp's server takes `ignore_eos`; llama-cpp-python's API has no such option (refused)."""
+        return bool(getattr(self.backend, "ignores_eos", False))
 
     @property
     def serves_completions(self) -> bool:
@@ -223,6 +229,10 @@ class LlamaSession:
             )
             calls: list[ToolCall] = []
             for event in events:
+                if isinstance(event, ScoringProgress):
+                    yield PrefillProgressChunk(command_id=command_id, seq=seq, processed=event.done, total=event.total)
+                    seq += 1
+                    continue
                 if isinstance(event, PromptEcho):
                     first_at = first_at or time.perf_counter()
                     yield PromptChunk(
