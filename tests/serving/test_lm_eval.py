@@ -73,9 +73,10 @@ def test_lm_eval_local_completions_runs_a_local_task(llama_node: NodeProcess, tm
     tasks.mkdir()
     (tasks / "skulk_quiz.yaml").write_text(TASK.format(data=data))
     out = tmp_path / "out"
-    model_args = f"model={CHAT_MODEL},base_url={llama_node.url}/v1/completions,num_concurrent=1,max_retries=1"
+    model_args = f"model={CHAT_MODEL},base_url={llama_node.url}/v1/completions,max_retries=1"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    args = ["--model", "local-completions", "--model_args", model_args, "--tasks", "skulk_quiz"]
+    # --batch_size 4: lm-eval sends lists of token-id prompts, one choice each
+    args = ["--model", "local-completions", "--model_args", model_args, "--tasks", "skulk_quiz", "--batch_size", "4"]
     done = subprocess.run(
         [lm_eval, "run", *args, "--include_path", str(tasks), "--output_path", str(out), "--log_samples"],
         capture_output=True,
