@@ -173,11 +173,14 @@ def reference(nodes: list[NodeProcess], models_dir: Path, rpc_build: Any) -> dic
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("model", "width"), [(SMOLLM2, 2), (SMOLLM2, 3), (QWEN, 2)])
+@pytest.mark.parametrize(("model", "width"), [(SMOLLM2, 2), (SMOLLM2, 3), (QWEN, 2), (QWEN, 3)])
 def test_a_gguf_over_several_nodes_gives_the_single_node_text_each_rank_holding_its_share(
     nodes: list[NodeProcess], reference: dict[str, Any], model: str, width: int
 ) -> None:
     a = nodes[0]
+    previews = a.get("/instance/previews", params={"model_id": model, "context_tokens": 2048}).json()["previews"]
+    preview = next(p for p in previews if p["sharding"] == "Pipeline" and p["min_nodes"] == width)
+    assert preview["engine"] == "llama_rpc" and [r["backend"] for r in preview["ranks"]] == ["llama_rpc-cpu"] * width
     inst = place(a, model, min_nodes=width)
     try:
         shards = [next(iter(s.values())) for s in inst["shardAssignments"]["runnerToShard"].values()]
@@ -243,3 +246,4 @@ def test_killing_a_ranks_node_ends_the_stream_and_the_instance_is_placed_again(n
         f["reason"] for f in survivors[0].state()["instanceFailures"] if f["instanceId"] == inst["instanceId"]
     )
     assert "rpc" in reason.lower() or "rank" in reason.lower(), reason
+    print(f"\nstream ended {gap:.2f} s after the kill ({error.get('message')!r}); instance failed: {reason}")

@@ -46,3 +46,20 @@ def test_a_gguf_card_installed_before_llama_rpc_gets_todays_backends():
     assert set(with_current_backends(old).compatible_backends) == set(GGUF_BACKENDS)
     embedding = old.model_copy(update={"tasks": ("TextEmbedding",), "compatible_backends": ("llama_server-cpu",)})
     assert all(b.startswith("llama_server-") for b in with_current_backends(embedding).compatible_backends)
+
+
+def test_a_rank_that_never_answers_fails_the_driver_within_its_deadline():
+    import time
+
+    import pytest
+    from skulk_engine_llamacpp.rpc_engine import free_loopback_port
+    from skulk_engine_llamacpp.rpc_tunnel import MemberTls, TunnelError, Tunnels
+
+    tunnels = Tunnels(MemberTls.of_this_node())
+    try:
+        started = time.monotonic()
+        with pytest.raises(TunnelError, match=r"did not answer within 1 s"):
+            tunnels.wait_reachable(f"127.0.0.1:{free_loopback_port()}", 1.0)
+        assert time.monotonic() - started < 3
+    finally:
+        tunnels.close()

@@ -185,7 +185,7 @@ def ensure_rpc_build(
         if (ready := find_build(target)) is not None:
             return ready
         started = time.monotonic()
-        sdist = _sdist(target.parent / "src", progress)
+        sdist = _sdist(Path.home() / ".cache" / "skulk" / "llamacpp-rpc" / "src", progress)  # shared by builds
         with tempfile.TemporaryDirectory(prefix="skulk-rpc-build-") as tmp:
             source = _extract(sdist, Path(tmp))
             options = (*BASE_FLAGS, *GPU_FLAGS[gpu])
