@@ -72,6 +72,7 @@ from skulk_kernel.api import (
     Chunk,
     ChunkBase,
     Command,
+    CompletionParams,
     Connection,
     Election,
     EmbeddingChunk,
@@ -94,6 +95,7 @@ from skulk_kernel.api import (
     PlacementError,
     PlacementRequest,
     Planner,
+    PromptChunk,
     RingInstance,
     RunnerSpec,
     SamplingParams,
@@ -108,6 +110,7 @@ from skulk_kernel.api import (
     Usage,
     codec,
     is_terminal,
+    serves_completions,
 )
 
 __all__ = [
@@ -569,6 +572,24 @@ class EngineConformance:
         long = loaded.session.count_tokens(self.params(runner_spec, self.prompt))
         assert isinstance(short, int) and short > 0
         assert long >= short
+
+    def test_text_completion_when_served(self, loaded: LoadedSession, runner_spec: RunnerSpec) -> None:
+        """A session that says it serves completions (`CompletionInput`) reads the prompt as is: the echo
+        (one PromptChunk, the prompt's text, a logprob per token when asked) comes before any token."""
+        if not serves_completions(loaded.session):
+            pytest.skip("this session does not serve text completions (the runner answers them with a 400)")
+        params = self.params(runner_spec, self.short_prompt, max_tokens=3).model_copy(
+            update={"raw_prompt": self.short_prompt, "completion": CompletionParams(echo=True, prompt_logprobs=1)}
+        )
+        chunks = self.collect(loaded.session, "conf-completion", params)
+        final = self.assert_well_formed(chunks, "conf-completion")
+        echoed = [i for i, c in enumerate(chunks) if isinstance(c, PromptChunk)]
+        tokens = [i for i, c in enumerate(chunks) if isinstance(c, TokenChunk) and c.text]
+        assert len(echoed) == 1 and (not tokens or echoed[0] < tokens[0]), "one PromptChunk, before any token"
+        prompt = chunks[echoed[0]]
+        assert isinstance(prompt, PromptChunk) and prompt.text == self.short_prompt
+        assert prompt.logprobs and all(lp.logprob <= 0 for lp in prompt.logprobs)
+        assert final.finish_reason in ("stop", "length") and len(tokens) <= 3
 
     # ---------------------------------------------------------------- embeddings
 
