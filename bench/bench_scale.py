@@ -8,7 +8,9 @@ Zenoh on every plane, all in one cluster (a fresh network version per N). The fi
 and ``--force-master`` (so the master is a node this harness can watch); ``--api - 1`` more have an
 API; the rest run ``--no-api``, the lightest node there is. Per N it measures:
 
-* join: spawn of all N to every API node agreeing on one master, N members and one State hash;
+* join: the first spawn to every API node agreeing on one master, N members and one State hash
+  (spawned in waves of 4, each wave once the previous one has started: on two cores, 32 Python
+  interpreters importing at once starve each other's transport leases);
 * idle, over ``--idle-s`` after a settle: CPU per node (a process's user + system time over the
   window, percent of one core; median of the followers and the master's own), and the messages a
   node sends and receives per second on each plane (transport counters of the API followers);
@@ -60,6 +62,9 @@ default_models = []
 """
 
 
+WAVE = 4  # nodes spawned together
+
+
 def _diag(node: NodeProcess) -> dict[str, Any]:
     return node.get("/v1/diagnostics/node", timeout=10).json()
 
@@ -88,6 +93,9 @@ class Fleet:
         self.api: list[NodeProcess] = []
         for i in range(n):
             self.spawn(with_api=i < api, first=i == 0)
+            if (i + 1) % WAVE == 0:  # a wave at a time: 32 interpreters importing at once starve every lease
+                for node in self.nodes[-WAVE:]:
+                    _until(lambda x=node: "started with profile" in x.log(), 120, "a node to start")
 
     def spawn(self, with_api: bool, first: bool = False) -> NodeProcess:
         args = ["--node-name", f"s{len(self.nodes)}", "--no-default-models"]

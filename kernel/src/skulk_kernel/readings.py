@@ -42,11 +42,15 @@ class ReadingStore:
     its heartbeat is what says the rest still holds.
     """
 
+    MAX_NODES = 4096  # a ceiling whatever happens: past it, the node heard from longest ago goes
+
     def __init__(self) -> None:
         self._slots: dict[str, dict[str, Received]] = {}
 
     def put(self, node_id: str, reading: Any) -> None:
         got = Received(reading, time.monotonic(), time.time())
+        if node_id not in self._slots and len(self._slots) >= self.MAX_NODES:
+            self.forget(min(self._slots, key=lambda n: max(r.at_monotonic for r in self._slots[n].values())))
         slots = self._slots.setdefault(node_id, {})
         if isinstance(reading, NodeHeartbeat):
             for kind, old in slots.items():

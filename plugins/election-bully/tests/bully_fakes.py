@@ -75,6 +75,11 @@ class FakeTransport:
     def on_peer(self, callback: Callable[[PeerEvent], None]) -> None:
         self.callbacks.append(callback)
 
+    @property
+    def peers(self) -> frozenset[str]:
+        node = self.owner
+        return frozenset(n for n in node.bus.nodes if n != node.node_id) if node is not None else frozenset()
+
     async def send(self, node_id: str, topic: Topic, payload: bytes) -> None:
         """An addressed message (a follower's status to its master), through the same muting and cuts."""
         node = self.owner

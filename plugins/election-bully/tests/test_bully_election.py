@@ -120,8 +120,10 @@ async def test_a_joining_node_does_not_depose_a_healthy_master() -> None:
             await wait_agreed(nodes, 3.0)
         await asyncio.sleep(3 * ROUND)  # let every membership round finish
         assert agreed_master(nodes) == master
-        assert nodes[0].election.clock > clock, "membership changes bump the clock"
-        assert nodes[0].election.stats.rounds > 1, "membership changes re-run the election"
+        # [scale]: a join under a healthy master runs no cluster-wide round; only the master answers
+        # the newcomer's campaign (a round on every node per join was N x N messages per join)
+        assert nodes[0].election.clock == clock, "a join under a healthy master does not bump the clock"
+        assert all(n.election.stats.rounds <= 1 for n in nodes[:2]), [n.election.stats.rounds for n in nodes]
         # Nobody ever reported anything but the one master: no needless change anywhere.
         assert all(n.changes == [master] for n in nodes), nodes
         assert sum(n.election.stats.master_changes for n in nodes) == len(nodes)

@@ -185,3 +185,16 @@ def test_a_heartbeat_keeps_a_nodes_unchanged_readings_fresh_and_the_filter_sends
     assert sent.due(NodeHeartbeat(node_id="b")) and sent.due(NodeHeartbeat(node_id="b"))
     sent.reset()
     assert sent.due(moved)
+
+
+def test_the_reading_store_has_a_ceiling_and_evicts_the_node_heard_from_longest_ago() -> None:
+    from skulk_kernel.readings import ReadingStore
+    from skulk_kernel.telemetry import NodeHeartbeat
+
+    store = ReadingStore()
+    store.MAX_NODES = 3
+    for name in ("a", "b", "c"):
+        store.put(name, NodeHeartbeat(node_id=name))
+    store.put("a", NodeHeartbeat(node_id="a"))  # heard again: "b" is now the stalest
+    store.put("d", NodeHeartbeat(node_id="d"))
+    assert store.nodes() == {"a", "c", "d"}

@@ -150,6 +150,7 @@ class BullyElection:
         self._heard: dict[str, tuple[float, ElectionMessage]] = {}  # node -> (when, latest message)
         self._masters: dict[str, ElectionMessage] = {}  # nodes that claim mastership: latest announce
         self._status_to_all = False
+        self._answer: set[str] = set()  # newcomers whose campaign this master answers, addressed
         self._outbox: dict[str, ElectionMessage] = {}
         self._no_master_since = 0.0
         self._next_beat = 0.0
@@ -279,6 +280,18 @@ class BullyElection:
     async def _flush(self) -> None:
         out, self._outbox = self._outbox, {}
         to_all, self._status_to_all = self._status_to_all, False
+        answer, self._answer = self._answer, set()
+        if answer:
+            transport = self.started_node.transports[Topic.ELECTION.plane.value]
+            payload = codec.encode(self._message("campaign"))
+            for peer in answer:
+                try:
+                    if peer in getattr(transport, "peers", ()):
+                        await transport.send(peer, Topic.ELECTION, payload)
+                    else:  # no session yet: everyone hears it, and followers with a master ignore it
+                        await self.started_node.publish(Topic.ELECTION, payload)
+                except Exception as exc:
+                    self.log.warning("could not answer %s's campaign: %s", peer, exc)
         for message in out.values():
             try:
                 transport = self.started_node.transports[Topic.ELECTION.plane.value]
@@ -391,6 +404,14 @@ class BullyElection:
     def _on_campaign(self, msg: ElectionMessage, now: float) -> None:
         sender, k = msg.node_id, msg.clock
         rnd = self.round
+        if rnd is None and self.master is not None and sender != self.master:
+            # A newcomer (or a straggler) campaigns while this cluster has a master: only the master
+            # answers, to it alone, and wins its round (or loses to a --force-master newcomer, which
+            # then announces and outranks it). No cluster-wide round: a join costs O(1) messages
+            # per node instead of every node campaigning to every node (N x N per join).
+            if self.is_master:
+                self._answer.add(sender)
+            return
         if rnd is None:
             last = self.last_round
             if k <= self.clock and last is not None and last.clock == k and sender in last.candidates:
@@ -446,6 +467,8 @@ class BullyElection:
         peer = str(getattr(event, "node_id", ""))
         if not peer or peer == self.node_id:
             return
+        if self.master is not None and peer != self.master and self.round is None:
+            return  # a follower came or went: the master stays; a newcomer campaigns and is answered
         if getattr(event, "joined", False):
             self._membership_changed(now, f"{peer} joined")
             return
@@ -485,7 +508,8 @@ class BullyElection:
             self.log.info("master %s left", peer)
             self._set_master(None, now)
             self._follow_best(now)
-        self._membership_changed(now, f"{peer} left")
+        if self.master is None or self.round is not None:
+            self._membership_changed(now, f"{peer} left")
 
     def _conclude(self, now: float) -> None:
         rnd = self.round
