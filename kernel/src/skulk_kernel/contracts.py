@@ -321,18 +321,12 @@ def takes_images(session: object) -> bool:
 
 @runtime_checkable
 class CompletionInput(Protocol):
-    """A capability of a TextGenerationSession: it serves text completions (`params.completion`).
-
-    A completion's prompt is read as is (text or token ids), may be echoed with its logprobs and
-    may have a suffix to fill in front of; a session that cannot do that leaves the attribute out
-    (or False) and the runner answers such a request with a 400 naming the model.
-    """
+    """A TextGenerationSession's capability: it serves text completions (`params.completion`)."""
 
     serves_completions: bool
 
 
 def serves_completions(session: object) -> bool:
-    """Whether a loaded session serves text completions (implements CompletionInput and says so)."""
     return isinstance(session, CompletionInput) and bool(session.serves_completions)
 
 

@@ -77,22 +77,14 @@ class SamplingParams(WireModel):
 
 
 class CompletionParams(WireModel):
-    """A text completion (OpenAI `/v1/completions`, lm-eval, editor autocomplete): the prompt as is.
+    """A text completion (`/v1/completions`): the prompt read as is (`raw_prompt` or `prompt_ids`), no template.
+    Only a session that says so serves it (`contracts.serves_completions`); the runner refuses it elsewhere."""
 
-    It rides a `TextGeneration` (same admission, routing, resume and tracing as chat) whose
-    `raw_prompt` is the prompt's text, or whose `prompt_ids` are its tokens. A session serves it
-    only if it says so (`contracts.serves_completions`); the runner refuses it otherwise.
-    """
-
-    prompt_ids: tuple[int, ...] = Field(default=(), description="the prompt as token ids (else raw_prompt's text)")
-    suffix: str | None = Field(
-        default=None, description="fill in the middle: the text after the gap (the model's FIM tokens)"
-    )
-    echo: bool = Field(default=False, description="answer the prompt's text (and ids) first, as a PromptChunk")
-    prompt_logprobs: int | None = Field(
-        default=None, ge=0, le=20, description="with echo: each prompt token's logprob and this many alternatives"
-    )
-    generate: bool = Field(default=True, description="False: max_tokens 0, only the prompt is read (tokenize)")
+    prompt_ids: tuple[int, ...] = ()  # the prompt as token ids (else raw_prompt is its text)
+    suffix: str | None = None  # fill in the middle: the text after the gap (with the model's FIM tokens)
+    echo: bool = False  # a PromptChunk (the prompt's text and ids) comes before any token
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # with echo: each prompt token's, k alternatives
+    generate: bool = True  # False: max_tokens 0, only the prompt is read (tokenize)
 
 
 class TextGenerationParams(WireModel):
@@ -113,7 +105,7 @@ class TextGenerationParams(WireModel):
         description="set by a resume: the ids of the output already streamed, which the trailing assistant message "
         "spells as text; an engine of the same tokenizer continues from them instead of re-tokenizing that text",
     )
-    completion: CompletionParams | None = Field(default=None, description="a text completion, not a chat turn")
+    completion: CompletionParams | None = None  # a text completion, not a chat turn
 
 
 class EmbeddingParams(WireModel):
@@ -250,11 +242,7 @@ class TokenChunk(ChunkBase):
 
 
 class PromptChunk(ChunkBase):
-    """A completion's prompt as the engine read it (`CompletionParams.echo`); comes before any token.
-
-    `logprobs`, when asked for, has one entry per prompt token; the first token has no context, so
-    its logprob is 0.0 and its alternatives are empty (OpenAI answers null there).
-    """
+    """A completion's echoed prompt, before any token; the first prompt token's logprob is 0.0 (no context)."""
 
     text: str
     token_ids: tuple[int, ...] = ()
