@@ -92,5 +92,7 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 @hookimpl
 def register_cli_commands(cli: Any) -> None:
     from .cli import add_doctor_command
+    from .service_cli import add_service_command
 
     add_doctor_command(cli)
+    add_service_command(cli)
