@@ -42,15 +42,15 @@ def _body(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
+    def inline(part: Any) -> Any:
+        if isinstance(part, dict):
+            ref = part.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 return inline(defs[ref.removeprefix("#/$defs/")])
-            return {k: inline(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [inline(v) for v in node]
-        return node
+            return {k: inline(v) for k, v in part.items()}
+        if isinstance(part, list):
+            return [inline(v) for v in part]
+        return part
 
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
