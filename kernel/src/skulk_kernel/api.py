@@ -26,6 +26,7 @@ from .contracts import (
     ImageGenerationSession, InferenceMiddleware, ModelStore, NodeCapacity, NodeSurface, PeerEvent, PlacementError,
     PlacementRequest, Planner, RunnerSpec, SpeechSynthesisSession, TextGenerationSession, TranscriptionSession,
     Transport, VideoGenerationSession, VisionInput, takes_images, CompletionInput, serves_completions,
+    EosControl, ignores_eos,
 )
 from .decide import (
     Decision, DecisionView, Effect, ForgetNode, Park, Refusal, Reply, Retry, Unpark, decide, derived_id, dispatch,

@@ -331,6 +331,24 @@ def serves_completions(session: object) -> bool:
 
 
 @runtime_checkable
+class EosControl(Protocol):
+    """A capability of a TextGenerationSession: it can decode past the model's end-of-text token.
+
+    `SamplingParams.ignore_eos` (vLLM's and llama.cpp's extension, which benchmarks such as guidellm
+    send to get exactly max_tokens tokens) needs the engine to mask EOS while sampling; one that
+    cannot leaves the attribute out (or False) and the runner answers such a request with a 400
+    rather than return fewer tokens than asked.
+    """
+
+    ignores_eos: bool
+
+
+def ignores_eos(session: object) -> bool:
+    """Whether a loaded session honours `ignore_eos` (implements EosControl and says so)."""
+    return isinstance(session, EosControl) and bool(session.ignores_eos)
+
+
+@runtime_checkable
 class Engine(Protocol):
     """An inference engine. Registered in every process; `load` runs only inside a runner."""
 

@@ -71,6 +71,11 @@ class SamplingParams(WireModel):
     frequency_penalty: float | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = Field(
+        default=False,
+        description="generate max_tokens tokens whatever the model's end-of-text token says (benchmarks); a session "
+        "that cannot (`ignores_eos`) is refused with a 400 by the runner, never silently ignored",
+    )
     max_tokens_is_ceiling: bool = Field(
         default=False, description="lower max_tokens to what the context leaves instead of refusing (Anthropic, Ollama)"
     )

@@ -126,6 +126,7 @@ class ChatCompletionRequest(_In):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # vLLM's and llama.cpp's: exactly max_tokens tokens (benchmarks)
     n: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -254,6 +255,7 @@ def sampling_params(req: Any, max_tokens: int | None) -> SamplingParams:
         frequency_penalty=req.frequency_penalty,
         max_tokens=max_tokens,
         stop=tuple(s for s in stops if s),
+        ignore_eos=bool(getattr(req, "ignore_eos", None)),  # Responses has no such field
     )
 
 

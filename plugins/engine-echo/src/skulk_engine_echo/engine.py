@@ -104,6 +104,7 @@ def prompt_tokens(params: TextGenerationParams) -> int:
 
 class EchoSession:
     serves_completions = True  # see completion.py
+    ignores_eos = True  # with ignore_eos the prompt's words repeat up to max_tokens
 
     def __init__(self, spec: RunnerSpec, token_delay_s: float) -> None:
         self.spec = spec
@@ -166,6 +167,9 @@ class EchoSession:
                     yield TokenChunk(command_id=command_id, seq=seq, text=token, reasoning=True)
                     seq += 1
         tokens = tokenize(last) or ["(empty)"]
+        cycled = params.sampling.ignore_eos and params.sampling.max_tokens is not None
+        if cycled:  # no end of text: the words again and again, to exactly max_tokens (finish "length")
+            tokens = [tokens[i % len(tokens)] for i in range(params.sampling.max_tokens or 0)]
         limit = params.sampling.max_tokens or len(tokens)
         text_so_far = ""
         for i, token in enumerate(tokens[:limit]):
@@ -189,7 +193,7 @@ class EchoSession:
                 return
             yield TokenChunk(command_id=command_id, seq=seq, text=token, logprobs=self._logprobs(token, params))
             seq += 1
-        reason = "length" if limit < len(tokens) else "stop"
+        reason = "length" if limit < len(tokens) or cycled else "stop"
         yield self._final(command_id, seq, reason, n_prompt, min(limit, len(tokens)), started)
 
     @staticmethod

@@ -138,6 +138,8 @@ class LlamaServer:
 
     #: streams token ids and continues from them (``chat(token_ids=, continue_ids=)``)
     exact_resume = True
+    #: takes ``ignore_eos`` (SAMPLING_KEYS): the session honours the request field (EosControl)
+    ignores_eos = True
 
     def __init__(
         self,

@@ -78,6 +78,7 @@ def to_sampling(params: TextGenerationParams) -> dict[str, Any]:
         "frequency_penalty": s.frequency_penalty,
         "max_tokens": s.max_tokens,
         "stop": list(s.stop) or None,
+        "ignore_eos": s.ignore_eos or None,  # vLLM's sampling extension
     }
     return {k: v for k, v in body.items() if v is not None}
 
@@ -199,6 +200,8 @@ class OpenAIServerSession:
     `alive()` returns None while the server runs, else why it is gone: a stream that breaks then
     ends with that reason, and new requests are refused with it at once.
     """
+
+    ignores_eos = True  # vLLM's OpenAI server takes `ignore_eos` (to_sampling passes it)
 
     def __init__(
         self,

@@ -49,6 +49,7 @@ from skulk_kernel.api import (
     RunnerRunning,
     RunnerSpec,
     RunnerWarmingUp,
+    ignores_eos,
     is_terminal,
     serves_completions,
     task_kind,
@@ -157,6 +158,13 @@ class _Serving:
         params = task.params
         if params.completion is not None and not serves_completions(self.session):
             message = f"model {self.spec.card.model_id} does not support text completions on engine {self.engine_name}"
+            self.outq.put(("chunk", task.task_id, _invalid(task.command_id, message)))
+            return "Failed"
+        if params.sampling.ignore_eos and not ignores_eos(self.session):
+            message = (
+                f"ignore_eos: engine {self.engine_name} cannot generate past the end-of-text token of "
+                f"{self.spec.card.model_id}; leave ignore_eos out"
+            )
             self.outq.put(("chunk", task.task_id, _invalid(task.command_id, message)))
             return "Failed"
         prompt = self.session.count_tokens(params)
