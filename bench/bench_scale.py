@@ -85,10 +85,11 @@ def _until(check: Any, timeout: float, what: str, step: float = 0.1) -> float:
 class Fleet:
     """N node processes of one cluster; stopped for sure by stop()."""
 
-    def __init__(self, n: int, api: int, tmp: Path) -> None:
+    def __init__(self, n: int, api: int, tmp: Path, master_timeout_s: float | None = None) -> None:
         self.tmp, self.version = tmp, f"scale-{uuid.uuid4().hex[:10]}"
         self.profile = tmp / "profile.toml"
-        self.profile.write_text(PROFILE)
+        extra = f"\n[plugins.election-bully]\nmaster_timeout_s = {master_timeout_s}\n" if master_timeout_s else ""
+        self.profile.write_text(PROFILE + extra)
         self.nodes: list[NodeProcess] = []
         self.api: list[NodeProcess] = []
         for i in range(n):
@@ -235,10 +236,10 @@ def election(fleet: Fleet, master: NodeProcess, old_id: str) -> dict[str, Any]:
     return {"elected_after_s": round(_until(new_master, 60, "new master", 0.05), 2)}
 
 
-def one_size(n: int, api: int, idle_s: float, commands: int) -> dict[str, Any]:
+def one_size(n: int, api: int, idle_s: float, commands: int, master_timeout_s: float | None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"skulk-scale-{n}-"))
     t0 = time.monotonic()
-    fleet = Fleet(n, min(api, n), tmp)
+    fleet = Fleet(n, min(api, n), tmp, master_timeout_s)
     try:
         master = fleet.api[0]
         master.wait_api(300)
@@ -248,6 +249,7 @@ def one_size(n: int, api: int, idle_s: float, commands: int) -> dict[str, Any]:
         assert master_id == master.get("/node_id").json(), "the --force-master node is not master"
         time.sleep(5)  # the join's burst of readings and edges settles
         result: dict[str, Any] = {"n": n, "api_nodes": len(fleet.api), "join_s": round(join_s, 2)}
+        result["master_timeout_s"] = master_timeout_s or 3.0
         result["idle"] = idle(fleet, master, idle_s)
         result["state_bytes"] = len(master.get("/state", timeout=30).content)
         result["burst"] = burst(fleet, master, commands)
@@ -287,12 +289,16 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--commands", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--master-timeout-s", type=float, default=None, help="[plugins.election-bully] master_timeout_s (default 3)"
+    )
+    parser.add_argument("--name", default="scale", help="file name of the report (NAME.json, NAME.md)")
     args = parser.parse_args()
     results, errors = [], {}
     for n in (int(x) for x in args.sizes.split(",")):
         print(f"--- {n} nodes", flush=True)
         try:
-            results.append(one_size(n, args.api, args.idle_s, args.commands))
+            results.append(one_size(n, args.api, args.idle_s, args.commands, args.master_timeout_s))
             print(json.dumps(results[-1]), flush=True)
         except Exception as exc:  # one size that cannot run is recorded, the others still are
             errors[str(n)] = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -306,9 +312,9 @@ def main() -> None:
         "errors": errors,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
     text = table(results)
-    (args.out / "scale.md").write_text(f"# bench_scale ({report['at']}, {report['cpus']} CPUs)\n\n{text}\n")
+    (args.out / f"{args.name}.md").write_text(f"# bench_scale ({report['at']}, {report['cpus']} CPUs)\n\n{text}\n")
     print(text)
 
 

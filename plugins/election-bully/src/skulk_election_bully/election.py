@@ -404,11 +404,12 @@ class BullyElection:
     def _on_campaign(self, msg: ElectionMessage, now: float) -> None:
         sender, k = msg.node_id, msg.clock
         rnd = self.round
-        if rnd is None and self.master is not None and sender != self.master:
+        if rnd is None and self.master is not None and sender != self.master and k <= self.clock:
             # A newcomer (or a straggler) campaigns while this cluster has a master: only the master
             # answers, to it alone, and wins its round (or loses to a --force-master newcomer, which
             # then announces and outranks it). No cluster-wide round: a join costs O(1) messages
-            # per node instead of every node campaigning to every node (N x N per join).
+            # per node instead of every node campaigning to every node (N x N per join). A campaign
+            # at a higher clock is a real round (someone lost the master): that one is joined.
             if self.is_master:
                 self._answer.add(sender)
             return
