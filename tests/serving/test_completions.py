@@ -57,6 +57,11 @@ def test_lists_ids_and_streams_agree(oa: openai.OpenAI, llama_node: NodeProcess)
     assert back.json() == {"prompt": PROMPT}
 
 
+def test_ignore_eos_gives_exactly_max_tokens(oa: openai.OpenAI) -> None:
+    out = greedy(oa, "Hi.", max_tokens=24, extra_body={"ignore_eos": True})  # what guidellm sends
+    assert out.usage is not None and out.usage.completion_tokens == 24 and out.choices[0].finish_reason == "length"
+
+
 def test_stream_ends_with_done(llama_node: NodeProcess) -> None:
     body = {"model": CHAT_MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
     with httpx.stream("POST", llama_node.url + "/v1/completions", json=body, timeout=300) as r:

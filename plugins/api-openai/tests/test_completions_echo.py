@@ -45,6 +45,11 @@ def test_max_tokens_default_stop_and_length(oa: openai.OpenAI) -> None:
     assert (out.choices[0].text, out.choices[0].finish_reason) == ("one two", "stop")
 
 
+def test_ignore_eos_gives_max_tokens_tokens(oa: openai.OpenAI) -> None:
+    out = oa.completions.create(model=ECHO, prompt="a b", max_tokens=7, extra_body={"ignore_eos": True})
+    assert out.usage is not None and out.usage.completion_tokens == 7 and out.choices[0].finish_reason == "length"
+
+
 def test_a_list_of_prompts_and_n(oa: openai.OpenAI) -> None:
     out = oa.completions.create(model=ECHO, prompt=["one two", "three four five"], max_tokens=5, n=2)
     assert [(c.index, c.text) for c in out.choices] == [

@@ -53,6 +53,7 @@ class CompletionRequest(_In):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # vLLM's and llama.cpp's: exactly max_tokens tokens (guidellm's benchmarks)
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -145,6 +146,7 @@ def parse_completion_request(data: dict[str, Any]) -> CompletionsRequest:
                     frequency_penalty=req.frequency_penalty,
                     max_tokens=max_tokens or None,
                     stop=tuple(s for s in stops if s),
+                    ignore_eos=bool(req.ignore_eos),
                 )
                 choices.append(_params(req, prompt, sampling, generate=max_tokens > 0))
     except ValidationError as exc:
