@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from .plugins import PluginLoadError, installed_plugins, kernel_version
+from .plugins import PluginLoadError, install_hint, installed_plugins, kernel_version
 from .profiles import ProfileError, bundled_profile_names, load_profile
 
-DEFAULT_PROFILE = os.environ.get("SKULK_PROFILE", "cpu-llamacpp")
+DEFAULT_PROFILE = os.environ.get("SKULK_PROFILE", "auto")
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -55,8 +55,6 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
     for name in profile.plugins:
         info = plugins.get(name)
         if info is None:
-            from .plugins import install_hint
-
             missing += 1
             print(f"  {name:<20} MISSING: {install_hint(name)}")
         else:
@@ -69,6 +67,8 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
         print("config:")
         for plugin, table in profile.plugin_config.items():
             print(f"  [{plugin}] {json.dumps(table)}")
+    if profile.notes:
+        print("composed for this machine (in/out, why):", *(f"  {n}" for n in profile.notes), sep="\n")
     return 1 if missing else 0
 
 
@@ -78,7 +78,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.log_format:  # read by whichever plugin formats logs (observe), in this process and its runners
         os.environ["SKULK_LOG_FORMAT"] = args.log_format
-    profile = load_profile(args.profile)
     options = NodeOptions(
         api_port=args.api_port,
         api_host=args.api_host,
@@ -98,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.join:
         options.extra["join_token"] = args.join
         os.environ["SKULK_JOIN_TOKEN"] = args.join  # the membership runners prove (llama.cpp RPC tunnels)
+    profile = load_profile(args.profile)  # after SKULK_HOME: a composer reads it (auto)
     try:
         node = Node(profile, options)
     except NodeError as exc:
@@ -163,7 +163,7 @@ def _add_plugin_commands(parser: argparse.ArgumentParser, argv: list[str]) -> No
     from .plugins import build_plugin_manager
 
     try:
-        pm = build_plugin_manager(load_profile(DEFAULT_PROFILE))
+        pm = build_plugin_manager(load_profile(DEFAULT_PROFILE, compose=False))  # every candidate's commands
     except (ProfileError, PluginLoadError) as exc:
         print(f"warning: plugin commands unavailable: {exc}", file=sys.stderr)
         return

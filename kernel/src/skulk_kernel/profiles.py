@@ -7,7 +7,7 @@ path. Profiles compose capabilities; they never contain code.
 from __future__ import annotations
 
 import tomllib
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ class Profile(BaseModel):
     planes: Planes = Planes()
     plugin_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     source: str = ""
+    composer: str = ""  # a plugin whose compose_profile(profile) picks `plugins` for this machine (auto)
+    notes: tuple[str, ...] = ()  # the composer's verdicts, one line per installed plugin (`profile show`)
 
     def config_for(self, plugin: str) -> dict[str, Any]:
         return dict(self.plugin_config.get(plugin, {}))
@@ -66,16 +68,22 @@ def parse_profile(text: str, source: str) -> Profile:
         raise ProfileError(f"{source}: {exc}") from None
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """A bundled profile by name, or a user profile by path (anything with a slash or .toml)."""
+def load_profile(name_or_path: str | Path, compose: bool = True) -> Profile:
+    """A bundled profile by name, or a user profile by path (anything with a slash or .toml); one
+    naming a `composer` is composed for this machine unless `compose` is False (its candidates)."""
     ref = str(name_or_path)
     if "/" in ref or ref.endswith(".toml"):
         path = Path(ref).expanduser()
         if not path.is_file():
             raise ProfileError(f"profile file {path} does not exist")
-        return parse_profile(path.read_text(), str(path))
-    resource = resources.files("skulk_kernel") / "profiles" / f"{ref}.toml"
-    if not resource.is_file():
+        profile = parse_profile(path.read_text(), str(path))
+    elif (resource := resources.files("skulk_kernel") / "profiles" / f"{ref}.toml").is_file():
+        profile = parse_profile(resource.read_text(), f"bundled:{ref}")
+    else:
         names = ", ".join(bundled_profile_names())
         raise ProfileError(f"no bundled profile named {ref!r}; bundled: {names}; or pass a path")
-    return parse_profile(resource.read_text(), f"bundled:{ref}")
+    if not (compose and profile.composer):
+        return profile
+    for entry_point in metadata.entry_points(group="skulk.plugins", name=profile.composer):
+        return entry_point.load().compose_profile(profile)  # type: ignore[no-any-return]
+    raise ProfileError(f"{profile.source}: its composer, plugin {profile.composer!r}, is not installed")

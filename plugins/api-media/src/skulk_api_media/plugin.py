@@ -75,3 +75,12 @@ def shutdown(node: NodeSurface) -> None:
         for job in list(store.jobs.values()):
             if job.task is not None and not job.task.done():
                 job.task.cancel()
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in when a media engine is in (the routes of an image or video engine need it)."""
+    engines = [name for name in chosen if name in ("engine-diffusers", "video-comfyui")]
+    if not engines:
+        return False, "no media engine is in (engine-diffusers and video-comfyui need their environments)"
+    return True, f"serves {', '.join(engines)}"

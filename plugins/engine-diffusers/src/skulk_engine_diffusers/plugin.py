@@ -80,3 +80,12 @@ def shutdown(node: NodeSurface) -> None:
     from skulk_api_media.inputs import close_receiver
 
     close_receiver(node)
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in where torch and diffusers import (native or the installed overlay)."""
+    build = (facts.get("engine_builds") or {}).get("diffusers")
+    if build is None:
+        return False, "torch and diffusers are not installed (skulk-kernel engines install diffusers)"
+    return True, f"{build}"

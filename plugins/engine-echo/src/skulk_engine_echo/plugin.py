@@ -51,3 +51,9 @@ def register_model_stores(register: Callable[[Any], None], node: NodeSurface) ->
 @hookimpl
 def probe_node(facts: dict[str, Any]) -> None:
     facts.setdefault("engine_builds", {})["echo"] = "builtin"
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: out; the deterministic echo engine is for tests and demos (profile dev)."""
+    return False, "the deterministic test engine, for tests and demos (profile dev)"

@@ -106,3 +106,13 @@ def probe_node(facts: dict[str, Any]) -> None:
     if (rpc := find_build()) is not None:
         builds["llama_rpc"] = rpc.group_key  # what the planner compares across the ranks of a group
         builds["llama_rpc (build)"] = rpc.describe()
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in wherever a llama.cpp build imports; the reason names the build and what it runs on."""
+    hw = facts.get("hardware") or {}
+    builds = [b for b in hw.get("builds", []) if b.get("engine") in ("llama_server", "llama_cpp")]
+    if not builds:
+        return False, "no llama.cpp build imports (pip install xllamacpp)"
+    return True, "; ".join(f"{b['engine']} {b['build']} on {'+'.join(b['computes'])}" for b in builds)

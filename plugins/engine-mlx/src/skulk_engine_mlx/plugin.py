@@ -34,3 +34,16 @@ def probe_node(facts: dict[str, Any]) -> None:
     if version is not None:
         reason = mlx_usable()
         facts.setdefault("engine_builds", {})["mlx"] = f"mlx {version}" if reason is None else f"unusable: {reason}"
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in on Apple silicon with mlx; out on Linux, where MLX's CPU build decodes slower than
+    llama.cpp (profile cpu-mlx loads it on purpose, for its pipeline and tensor placements)."""
+    hw = facts.get("hardware") or {}
+    build = (facts.get("engine_builds") or {}).get("mlx")
+    if (hw.get("os"), hw.get("arch")) != ("Darwin", "arm64"):
+        return False, "not Apple silicon: MLX's CPU build is slower than llama.cpp here (profile cpu-mlx loads it)"
+    if build is None or build.startswith("unusable"):
+        return False, f"Apple silicon, but mlx is not usable ({build or 'not installed'}): pip install mlx mlx-lm"
+    return True, f"{build} on Metal"

@@ -93,3 +93,18 @@ def startup(node: NodeSurface) -> None:
     run_dir = Path(node.options.home) / PLUGIN
     clean_start(run_dir)
     node.spawn(watch_loop(node, run_dir), "engine-vllm-watch")
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in only where a CUDA vLLM venv is installed and the node has a GPU it supports; on a
+    CPU llama.cpp is the faster engine, so an installed CPU vLLM stays out (profile cuda-vllm)."""
+    builds = facts.get("engine_builds") or {}
+    gpus = [g.get("model", "?") for g in (facts.get("hardware") or {}).get("gpus", []) if g.get("vendor") == "nvidia"]
+    if "vllm-cuda" in (facts.get("derived_backends") or []):
+        return True, f"{builds.get('vllm-cuda', 'vllm')} (CUDA) on {', '.join(gpus) or 'the GPU'}"
+    if "vllm-cuda" in builds:
+        return False, "vLLM's CUDA build is installed, but no NVIDIA GPU it supports was found"
+    if not gpus:
+        return False, "no NVIDIA GPU (vLLM's CPU build is slower than llama.cpp)"
+    return False, f"{gpus[0]}, but no CUDA vLLM venv: skulk-kernel engines install vllm --flavor cuda"

@@ -40,7 +40,7 @@ class DoctorContext(BaseModel):
     """Where to look and what counts as healthy; every field has a real-machine default."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    profile: str = Field(default_factory=lambda: os.environ.get("SKULK_PROFILE", "cpu-llamacpp"))
+    profile: str = Field(default_factory=lambda: os.environ.get("SKULK_PROFILE", "auto"))
     home: Path = Field(default_factory=lambda: Path(os.environ.get("SKULK_HOME", "~/.skulk")).expanduser())
     models_dir: Path | None = None
     api_port: int = Field(default_factory=lambda: int(os.environ.get("SKULK_API_PORT", 52415)))

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import NodeSurface, Profile
 
 PLUGIN = "hardware"
 HEALTH_EVERY_S = 2.0
@@ -26,6 +26,20 @@ class HardwareConfig(BaseModel):
     backends: list[str] | None = Field(
         default=None, description="operator override of the backend tags; a tag the hardware cannot serve is a conflict"
     )
+
+
+@hookimpl
+def add_hookspecs(pm: Any) -> None:
+    from . import hookspecs  # plugin_fits: the composer of the `auto` profile asks it (compose.py)
+
+    pm.add_hookspecs(hookspecs)
+
+
+def compose_profile(profile: Profile) -> Profile:
+    """The kernel calls this for a profile whose `composer` is this plugin (`auto`)."""
+    from .compose import compose_profile as compose
+
+    return compose(profile)
 
 
 @hookimpl

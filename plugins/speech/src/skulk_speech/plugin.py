@@ -81,3 +81,14 @@ def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, afte
 @hookimpl
 def shutdown(node: NodeSurface) -> None:
     close_receiver(AUDIO, node)
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in where a speech engine's library imports; its models are not placed at start."""
+    from .engines import engines
+
+    found = [f"{engine.name} {probe.version}" for engine in engines() if (probe := engine.probe()).available]
+    if not found:
+        return False, "no speech engine imports (pip install piper-tts faster-whisper)"
+    return True, f"{', '.join(found)}; models are not placed at start"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel.api import ServiceKey
@@ -23,6 +23,11 @@ class StewardConfig(BaseModel):
     models: list[str] = Field(
         default_factory=lambda: ["Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"],
         description="preference list of tool-capable cards: the first one that the cluster can place is the steward",
+    )
+    place: Literal["at_start", "on_first_use"] = Field(
+        default="at_start",
+        description="at_start: the master keeps a steward placed from the start; on_first_use: only after the "
+        "first request for skulk/steward (profile auto: a first run downloads nothing it does not serve)",
     )
     keeper_interval_s: float = Field(default=1.0, gt=0, description="how often the master checks the invariant")
     canary_interval_s: float = Field(default=60.0, gt=0, description="how often the master runs the self-test")

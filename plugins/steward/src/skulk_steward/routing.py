@@ -26,6 +26,8 @@ def serve_steward(node: NodeSurface) -> None:
 
     async def server(command: TextGeneration) -> None:
         service = node.services.get(STEWARD)
+        if service is not None:
+            service.want()  # place = on_first_use: this request is the first use
         ready, reason = service.readiness() if service is not None else (False, "the steward plugin is stopping")
         inst = service.instance() if service is not None and ready else None
         if service is None or inst is None:

@@ -54,6 +54,7 @@ class StewardService:
         self.next_canary = time.monotonic() + 5.0
         self.canary_failures = 0
         self.last_plan_why = ""
+        self.asked = False  # this node has asked for the steward (place = on_first_use)
 
     # ------------------------------------------------------------------ reading
 
@@ -63,6 +64,17 @@ class StewardService:
         live = [i for i in keeper.stewards(self.node.state) if set(i.shard_assignments.node_to_runner) <= reachable]
         return live[0] if live else None
 
+    def wanted(self) -> bool:
+        """Whether the master keeps a steward: always, or (on_first_use) once anyone asked for one."""
+        return self.config.place == "at_start" or bool(proposals.data(self.node.state).get("wanted"))
+
+    def want(self) -> None:
+        """A request for the steward: with on_first_use, the first one records it in State, once."""
+        if not self.wanted() and not self.asked:
+            self.asked = True
+            log.info("steward: first asked for; the master places it now")
+            self.node.spawn(self._emit("wanted", True), "steward-wanted")
+
     def readiness(self) -> tuple[bool, str]:
         inst = self.instance()
         if inst is not None and instance_ready(inst, self.node.state.runners):
@@ -70,6 +82,8 @@ class StewardService:
         if inst is not None:
             statuses = [type(self.node.state.runners.get(r)).__name__ for r in inst.shard_assignments.runner_to_shard]
             return False, f"the steward ({inst.shard_assignments.model_id}) is starting: runners {', '.join(statuses)}"
+        if not self.wanted():
+            return False, "the steward is placed on first use: a request for skulk/steward places it; retry shortly"
         return False, self.why_none() or "the steward is being placed; retry shortly"
 
     def why_none(self) -> str:
@@ -91,6 +105,7 @@ class StewardService:
             word = "degraded" if canary and not canary.get("ok", True) else "ready"
         else:
             word = "starting" if inst is not None else "unplaceable" if "no node can hold" in reason else "placing"
+            word = "on_first_use" if inst is None and not self.wanted() else word
         return {
             "status": word,
             "ready": ready,
@@ -178,6 +193,8 @@ class StewardService:
                     log.exception("steward duty %s failed", duty.__name__)
 
     async def _keep_one(self) -> None:
+        if not self.wanted():
+            return  # on_first_use and nobody has asked yet: place nothing, download nothing
         state = self.node.state
         reachable = self.node.reachable_nodes() | {self.node.node_id}
         seed = f"{self.node.node_id}/{state.last_event_applied_idx}"

@@ -26,3 +26,9 @@ def register_transports(register: Callable[[Any], None], node: NodeSurface | Non
 
     config = node.plugin_config(PLUGIN) if node is not None else None
     register(Libp2pTransport(config or Libp2pConfig(), node=node))
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: out; its planes are on Zenoh (profile cpu-llamacpp-libp2p puts control on libp2p)."""
+    return False, "an alternative control transport; auto's planes are on Zenoh (profile cpu-llamacpp-libp2p)"

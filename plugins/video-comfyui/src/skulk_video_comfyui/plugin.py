@@ -71,3 +71,18 @@ def shutdown(node: NodeSurface) -> None:
     from skulk_api_media.inputs import close_receiver
 
     close_receiver(node)
+
+
+@hookimpl
+def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
+    """auto: in where a ComfyUI checkout is installed ($SKULK_COMFY_ROOT or `engines install comfyui`)."""
+    import os
+    from pathlib import Path
+
+    from .install import PINNED
+
+    home = Path(os.environ.get("SKULK_HOME", "~/.skulk")).expanduser()
+    root = Path(os.environ.get("SKULK_COMFY_ROOT") or home / "engines" / "comfyui" / PINNED)
+    if (root / "main.py").is_file():
+        return True, f"ComfyUI at {root}"
+    return False, "ComfyUI is not installed (skulk-kernel engines install comfyui)"
