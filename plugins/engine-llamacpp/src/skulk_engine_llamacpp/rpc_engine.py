@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +50,28 @@ def free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _death_signal() -> Callable[[], None] | None:
+    """A pre-exec hook that asks Linux to SIGKILL the child when the runner that started it dies
+    (``PR_SET_PDEATHSIG``), so a runner killed outright (its node's kill -9) never leaves a llama.cpp
+    process holding a model's memory. Resolved before the fork: the child only makes one call."""
+    if not sys.platform.startswith("linux"):
+        return None  # macOS has no such call: there the runner's own exit path stops its children
+    import ctypes
+    import ctypes.util
+
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    return lambda: prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """A llama.cpp process of this runner: its own session (a terminal's Ctrl-C is the node's to
+    handle), killed with the runner. Started from the runner's main thread (``Engine.load``): the
+    death signal follows the thread that forked."""
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=None, start_new_session=True, preexec_fn=_death_signal()
+    )
 
 
 def _wait_port(port: int, process: subprocess.Popen[bytes], deadline_s: float, what: str) -> None:
@@ -135,7 +158,7 @@ class RpcLlamaServer(LlamaServer):
             template_file.write_text(template)
             cmd += ["--chat-template-file", str(template_file)]
         log.info("starting %s", " ".join(cmd))
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=None, start_new_session=True)
+        self.process = spawn(cmd)
         try:
             _wait_port(port, self.process, START_TIMEOUT_S, "llama-server (RPC driver)")
             self.base_url = f"http://127.0.0.1:{port}"
@@ -327,7 +350,7 @@ class LlamaRpcEngine(_LlamaEngine):
         port = free_loopback_port()
         cmd = [str(build.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads or os.cpu_count() or 1)]
         log.info("rank %d: %s, tunnel at %s", spec.shard.device_rank, " ".join(cmd), listen)
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=None, start_new_session=True)
+        process = spawn(cmd)
         try:
             _wait_port(port, process, 30, "ggml-rpc-server")
             tunnels.expose(listen, port)
