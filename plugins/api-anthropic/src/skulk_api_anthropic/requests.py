@@ -95,6 +95,13 @@ class MessagesIn(_In):
     output_config: dict[str, Any] | None = None  # structured outputs: {"format": {...}}
 
 
+class MessagesCreateIn(MessagesIn):
+    """POST /v1/messages as the OpenAPI document shows it: `max_tokens` is required there (count_tokens
+    takes MessagesIn without it)."""
+
+    max_tokens: int = Field(ge=1)  # type: ignore[assignment]
+
+
 @dataclass(frozen=True)
 class MessagesRequest:
     """`params` carry no stop strings: `stop_sequences` are matched by the route (`StopWatch`), so the

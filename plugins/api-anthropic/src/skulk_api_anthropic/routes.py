@@ -32,13 +32,14 @@ from skulk_api_control.adapter_routes import (
     stream_body,
 )
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, generate
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import StopWatch, error_status
 from skulk_kernel.api import ErrorChunk, NodeSurface, new_id
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import messages
-from .requests import RequestError, estimate_tokens, parse_messages_request
+from .requests import MessagesCreateIn, MessagesIn, RequestError, estimate_tokens, parse_messages_request
 
 MODELS_PATH = "/v1/models"
 INTERNAL_MODELS_PATH = "/anthropic/v1/models"
@@ -105,7 +106,7 @@ def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float 
 
     # --- messages --------------------------------------------------------------------------------
 
-    @app.post("/v1/messages", tags=["anthropic"])
+    @app.post("/v1/messages", tags=["anthropic"], openapi_extra=body_schema(MessagesCreateIn))
     async def post_messages(request: Request) -> Response:
         """Anthropic Messages (JSON, or SSE with `stream: true`)."""
         try:
@@ -142,7 +143,7 @@ def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float 
 
     # --- count_tokens ----------------------------------------------------------------------------
 
-    @app.post("/v1/messages/count_tokens", tags=["anthropic"])
+    @app.post("/v1/messages/count_tokens", tags=["anthropic"], openapi_extra=body_schema(MessagesIn))
     async def post_count_tokens(request: Request) -> Response:
         """`{"input_tokens": N}`, counted by the model's own engine (a one-token generation).
 

@@ -252,6 +252,7 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
     from pydantic import ValidationError
     from skulk_kernel.api import CommandId, SetPluginData, new_id
 
+    from .openapi_body import body_schema
     from .outcomes import outcome_error
     from .routes import error, json_body
 
@@ -268,7 +269,7 @@ def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> No
             "tokens_last_minute": meter.used(record.id),
         }
 
-    @app.post("/v1/keys", tags=["keys"])
+    @app.post("/v1/keys", tags=["keys"], openapi_extra=body_schema(NewKey))
     async def create_key(request: Request) -> Any:
         body = await json_body(request)
         if isinstance(body, JSONResponse):

@@ -1,4 +1,5 @@
-"""Bad input stays bad input: bounded head and body, bounded JSON nesting, clients that stall time out.
+"""Bad input stays bad input: bounded head and body, bounded JSON nesting, integers within 64 bits,
+clients that stall time out.
 
 Every refusal is a 4xx JSON body in the format of the API the path belongs to (errors.py), before
 any route runs. The body is read here once (at most `max_body_bytes`) and handed on unchanged.
@@ -17,6 +18,23 @@ from .errors import api_error
 # strings are skipped whole (brackets inside them do not count); only brackets are looked at
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 _WITH_BODY = {"POST", "PUT", "PATCH", "DELETE"}
+# an integer of 19 digits or more outside a string (a fraction or an exponent makes it a float)
+_BIG_INTS = re.compile(rb'"(?:[^"\\]|\\.)*"|-?[0-9]{19,}(?![0-9.eE])', re.DOTALL)
+INT64 = 2**63 - 1
+
+
+def oversized_integer(body: bytes) -> bytes | None:
+    """The first integer in a JSON text beyond a signed 64-bit one, if any.
+
+    Why: requests become commands whose wire form is msgpack, which cannot carry such an integer;
+    a `seed` or `max_tokens` of 10**30 used to fail deep inside (a 500, or a command the master
+    never confirmed: a 503). Refused here, for every route at once, as the caller's mistake.
+    """
+    for match in _BIG_INTS.finditer(body):
+        token = match.group()
+        if token[:1] != b'"' and abs(int(token)) > INT64:
+            return token
+    return None
 
 
 def json_depth(body: bytes, limit: int) -> int:
@@ -92,6 +110,15 @@ class Hardening:
             if depth > cfg.max_json_depth:
                 await api_error(
                     path, 400, f"the JSON body nests deeper than {cfg.max_json_depth} levels", "json_too_deep"
+                )(scope, receive, send)
+                return
+            if (big := oversized_integer(body)) is not None:
+                await api_error(
+                    path,
+                    400,
+                    f"the JSON body has an integer beyond 64 bits ({big[:24].decode()}...); integers must be "
+                    f"within -{INT64} and {INT64}",
+                    "integer_too_large",
                 )(scope, receive, send)
                 return
         delivered = False

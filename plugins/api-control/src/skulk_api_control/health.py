@@ -79,7 +79,8 @@ def add_health_routes(app: Any, node: NodeSurface) -> None:
         app.add_api_route(
             path,
             health,
-            methods=["GET", "HEAD"],  # load balancers often probe with HEAD
+            methods=["GET"],
             tags=["control"],
             summary="Whether this node serves requests (200) or not (503, with the reasons)",
         )
+        app.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)  # load balancers' probes

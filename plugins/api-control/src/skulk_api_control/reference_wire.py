@@ -39,6 +39,8 @@ def from_reference(wire: Any) -> Any:
 
 def instance_meta_error(meta: Any) -> str | None:
     """Why `instance_meta` cannot be honoured, or None when it can."""
+    if not isinstance(meta, str | None):  # a list or an object is no name (and unhashable)
+        return f"instance_meta must be one of {list(INSTANCE_METAS)}, got {meta!r}"
     if meta is None or meta in INSTANCE_METAS:
         return None
     if meta in UNSUPPORTED_METAS:

@@ -34,6 +34,8 @@ from skulk_master.placement import plan_placement
 from skulk_worker import WORKER
 
 from .continuation import stats_for
+from .control_bodies import CreateInstanceBody, PlaceInstanceBody, TracingBody
+from .openapi_body import body_schema
 from .outcomes import outcome_error
 from .plugin import EVENTS
 from .reference_wire import from_reference, instance_meta_error, to_reference
@@ -89,7 +91,7 @@ def _placement_body(body: dict[str, Any]) -> PlaceInstance:
         "model_id": body.get("model_id"),
         "sharding": body.get("sharding", "Pipeline"),
         "min_nodes": body.get("min_nodes", 1),
-        "excluded_nodes": tuple(body.get("excluded_nodes") or ()),
+        "excluded_nodes": body.get("excluded_nodes") or (),  # pydantic says what is wrong with a non-list
         "context_tokens": body.get("context_tokens"),
         "kv_cache_type": body.get("kv_cache_type") or "f16",
     }
@@ -147,7 +149,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         except PlacementError as exc:
             return None, error(503 if exc.retryable else 400, exc.message, code=exc.kind)
 
-    @app.post("/place_instance")
+    @app.post("/place_instance", openapi_extra=body_schema(PlaceInstanceBody))
     async def place_instance(request: Request) -> Any:
         body = await json_body(request)
         if isinstance(body, JSONResponse):
@@ -186,7 +188,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             "model_card": card.wire() if card is not None else None,
         }
 
-    @app.post("/instance")
+    @app.post("/instance", openapi_extra=body_schema(CreateInstanceBody))
     async def create_instance(request: Request) -> Any:
         body = await json_body(request)
         if isinstance(body, JSONResponse):
@@ -328,7 +330,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
     async def get_tracing() -> dict[str, Any]:
         return {"enabled": node.state.tracing_enabled}
 
-    @app.put("/v1/tracing")
+    @app.put("/v1/tracing", openapi_extra=body_schema(TracingBody))
     async def put_tracing(request: Request) -> Any:
         body = await json_body(request)
         if isinstance(body, JSONResponse):

@@ -21,7 +21,9 @@ import math
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from skulk_api_control.dispatch import InferenceError, resolve_model_id
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.server import openai_error
 from skulk_api_control.streaming import BodyTooLarge, read_body
 from skulk_kernel.api import CommandId, MediaParams, ModelCard, NodeSurface, VideoGeneration, catalog, new_id
@@ -167,6 +169,19 @@ async def read_request(request: Request, config: MediaConfig) -> tuple[dict[str,
     return body, None
 
 
+class VideoCreateBody(BaseModel):
+    """POST /v1/videos as JSON (multipart/form-data takes the same fields and an `input_reference` file)."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str = Field(min_length=1)
+    model: str | None = None
+    size: str | None = Field(default=None, description="WIDTHxHEIGHT")
+    seconds: float | str | None = None
+    seed: int | None = None
+    steps: int | None = None
+    negative_prompt: str | None = None
+
+
 def add_video_routes(app: Any, node: NodeSurface, store: JobStore, config: MediaConfig) -> None:
     def missing(video_id: str) -> Response:
         return openai_error(
@@ -177,7 +192,7 @@ def add_video_routes(app: Any, node: NodeSurface, store: JobStore, config: Media
             code="video_not_found",
         )
 
-    @app.post("/v1/videos", tags=["openai"])
+    @app.post("/v1/videos", tags=["openai"], openapi_extra=body_schema(VideoCreateBody))
     async def create_video(request: Request) -> Response:
         try:
             fields, image = await read_request(request, config)

@@ -30,6 +30,7 @@ from skulk_api_control.dispatch import (
     resolve_model_id,
     serving_instances,
 )
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import collect_embeddings, error_status
 from skulk_kernel.api import EmbeddingParams, ModelCard, NodeSurface, resolve_card
@@ -45,6 +46,7 @@ from .requests import (
     parse_embeddings,
     parse_generate,
 )
+from .schemas import OllamaChatIn, OllamaEmbeddingsIn, OllamaEmbedIn, OllamaGenerateIn, OllamaShowIn
 
 NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
@@ -205,12 +207,12 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             request, call, ERRORS, complete, stream=stream if req.stream else None, media_type=NDJSON, headers=None
         )
 
-    @route("POST", "/chat")
+    @route("POST", "/chat", openapi_extra=body_schema(OllamaChatIn))
     async def post_chat(request: Request) -> Response:
         """Ollama chat: NDJSON stream unless `"stream": false`."""
         return await run_generation(request, "chat")
 
-    @route("POST", "/generate")
+    @route("POST", "/generate", openapi_extra=body_schema(OllamaGenerateIn))
     async def post_generate(request: Request) -> Response:
         """Ollama generate (`raw: true` sends the prompt untemplated): NDJSON unless `"stream": false`."""
         return await run_generation(request, "generate")
@@ -234,7 +236,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
 
         return await answer(request, embed(node, params), ERRORS, complete)
 
-    @route("POST", "/embed")
+    @route("POST", "/embed", openapi_extra=body_schema(OllamaEmbedIn))
     async def post_embed(request: Request) -> Response:
         """`input`: a string or a list of strings -> `embeddings: [[...]]`."""
         started = wire.Timing()
@@ -258,7 +260,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
 
         return await run_embedding(request, params.model_copy(update={"model_id": resolve(model)}), respond)
 
-    @route("POST", "/embeddings")
+    @route("POST", "/embeddings", openapi_extra=body_schema(OllamaEmbeddingsIn))
     async def post_embeddings(request: Request) -> Response:
         """Legacy: one `prompt` -> `embedding: [...]` (an empty prompt gives an empty embedding)."""
         try:
@@ -320,7 +322,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             )
         return {"models": models}
 
-    @route("POST", "/show")
+    @route("POST", "/show", openapi_extra=body_schema(OllamaShowIn))
     async def post_show(request: Request) -> Response:
         """Details of one model (`model`, or `name` from older clients); `model_info` always present."""
         try:

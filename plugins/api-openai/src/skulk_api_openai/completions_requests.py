@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
 from skulk_api_control.requests_common import StrictBody as _In
@@ -31,13 +31,16 @@ MAX_CHOICES = 256
 MAX_LOGPROBS = 20
 
 Prompt = str | list[int]
+#: a token id as a request may spell it: non-negative and within 32 bits (a larger one cannot be sent on
+#: as a command, whose wire form is msgpack: schemathesis found the 500 it raised)
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class CompletionRequest(_In):
     """The body of `POST /v1/completions` (OpenAI's legacy text completions)."""
 
     model: str = Field(min_length=1)
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(
         description="text, token ids, or a list of either (one choice per prompt)"
     )
     suffix: str | None = Field(default=None, description="fill in the middle: the text after the completion")
@@ -76,7 +79,7 @@ class DetokenizeRequest(_In):
     """The body of `POST /detokenize` (vLLM's shape; `model` as for `/tokenize`)."""
 
     model: str | None = Field(default=None, min_length=1)
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 @dataclass(frozen=True)

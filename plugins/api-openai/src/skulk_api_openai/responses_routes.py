@@ -21,13 +21,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from skulk_api_control.adapter_routes import answer, read_json, stream_body
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, generate
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.streaming import Dispatch
 from skulk_kernel.api import NodeSurface, new_id
 
 from .chat import KEEPALIVE
 from .requests import RequestError
 from .responses import ResponsesEncoder
-from .responses_requests import parse_responses_request
+from .responses_requests import ResponsesRequestIn, parse_responses_request
 from .routes import ERRORS, chunk_error, request_error
 
 
@@ -61,7 +62,7 @@ def add_responses_routes(
             request, call, ERRORS, complete, stream=stream if req.stream else None, keepalive_s=keepalive_s
         )
 
-    @app.post("/v1/responses", tags=["openai"])
+    @app.post("/v1/responses", tags=["openai"], openapi_extra=body_schema(ResponsesRequestIn))
     @app.post("/responses", include_in_schema=False)
     async def post_responses(request: Request) -> Response:
         """OpenAI Responses API (a `response` object, or SSE `response.*` events with `stream: true`)."""

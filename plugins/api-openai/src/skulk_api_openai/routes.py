@@ -34,13 +34,20 @@ from skulk_api_control.adapter_routes import (
     stream_body,
 )
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, embed, generate
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.server import openai_error  # the host's, so every OpenAI-style error looks the same
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import collect_embeddings
 from skulk_kernel.api import ErrorChunk, NodeSurface
 
 from . import chat, embeddings
-from .requests import RequestError, parse_chat_request, parse_embeddings_request
+from .requests import (
+    ChatCompletionRequest,
+    EmbeddingsRequestIn,
+    RequestError,
+    parse_chat_request,
+    parse_embeddings_request,
+)
 
 
 def request_error(exc: RequestError) -> JSONResponse:
@@ -108,13 +115,13 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
             request, call, ERRORS, complete, stream=stream if req.stream else None, keepalive_s=keepalive_s
         )
 
-    @app.post("/v1/chat/completions", tags=["openai"])
+    @app.post("/v1/chat/completions", tags=["openai"], openapi_extra=body_schema(ChatCompletionRequest))
     @app.post("/chat/completions", include_in_schema=False)
     async def post_chat_completions(request: Request) -> Response:
         """OpenAI Chat Completions (JSON or SSE with `stream: true`)."""
         return await chat_completions(request)
 
-    @app.post("/bench/chat/completions", tags=["openai"])
+    @app.post("/bench/chat/completions", tags=["openai"], openapi_extra=body_schema(ChatCompletionRequest))
     async def post_bench_chat_completions(request: Request) -> Response:
         """Chat Completions whose JSON answer adds `generation_stats` (streams carry it as a comment)."""
         return await chat_completions(request, bench=True)
@@ -141,7 +148,7 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
 
     # --- embeddings ------------------------------------------------------------------------------
 
-    @app.post("/v1/embeddings", tags=["openai"])
+    @app.post("/v1/embeddings", tags=["openai"], openapi_extra=body_schema(EmbeddingsRequestIn))
     @app.post("/embeddings", include_in_schema=False)
     async def post_embeddings(request: Request) -> Response:
         """OpenAI Embeddings: `input` is a string or a list of strings; float or base64 output."""

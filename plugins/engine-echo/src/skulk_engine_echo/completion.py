@@ -18,11 +18,17 @@ PROMPT_LOGPROB = -1.0
 
 
 def prompt_text(params: TextGenerationParams) -> str:
-    """The completion's prompt: its text, or its ids read as code points."""
+    """The completion's prompt: its text, or its ids read as code points (an id that is no Unicode
+    scalar value reads as U+FFFD: the runner counts the prompt before `check` refuses it, and a lone
+    surrogate could not be sent as UTF-8)."""
     completion = params.completion
     if completion is not None and completion.prompt_ids:
-        return "".join(chr(i) for i in completion.prompt_ids)
+        return "".join(_char(i) for i in completion.prompt_ids)
     return params.raw_prompt or ""
+
+
+def _char(code: int) -> str:
+    return chr(code) if 0 <= code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
 
 
 def check(command_id: str, params: TextGenerationParams, model_id: str) -> ErrorChunk | None:

@@ -9,12 +9,20 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.outcomes import outcome_error
 from skulk_kernel.api import NodeSurface
 
 from . import OBSERVER
 from . import config as cluster_config
 from . import diagnostics as diag
+
+
+class ConfigBody(BaseModel):
+    """PUT /config: settings by name (GET /config lists them), e.g. `{"log_level": "DEBUG"}`."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
@@ -117,7 +125,7 @@ def add_observe_routes(app: Any, node: NodeSurface) -> None:
     async def get_config() -> dict[str, Any]:
         return cluster_config.public_view(node)
 
-    @app.put("/config")
+    @app.put("/config", openapi_extra=body_schema(ConfigBody))
     async def put_config(request: Request) -> Any:
         try:
             body = await request.json()

@@ -126,13 +126,17 @@ class PeerServer:
 
 
 def add_peer_routes(app: Any, node: NodeSurface) -> None:
+    from skulk_api_control.openapi_body import body_schema
+
+    from .bodies import GrantBody
+
     def server() -> PeerServer | None:
         return node.services.get(STORE_PEER)
 
     def refuse(status: int, message: str, code: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code}}, status)
 
-    @app.post("/store/peer/grant")
+    @app.post("/store/peer/grant", openapi_extra=body_schema(GrantBody))
     async def grant(request: Request) -> Any:
         peer = server()
         if peer is None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.outcomes import outcome_error
 from skulk_kernel.api import (
     AddCustomModelCard,
@@ -27,6 +28,7 @@ from skulk_kernel.api import (
     new_id,
 )
 
+from .bodies import AddCardBody, AddModelBody
 from .plugin import STORE, STORE_SERVICE
 
 
@@ -79,7 +81,7 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
         """Add the card through the master: None once indexed, else the error that says why not."""
         return outcome_error(await node.submit(AddCustomModelCard(command_id=CommandId(new_id()), card=card), 15))
 
-    @app.post("/models/add")
+    @app.post("/models/add", openapi_extra=body_schema(AddModelBody))
     async def add_model(request: Request) -> Any:
         try:
             body = await request.json()
@@ -160,7 +162,7 @@ def add_store_routes(app: Any, node: NodeSurface) -> None:
             "download": "started" if started else "not requested",
         }
 
-    @app.post("/models/add-card")
+    @app.post("/models/add-card", openapi_extra=body_schema(AddCardBody))
     async def add_card(request: Request) -> Any:
         from .cards import CardError, card_from_mapping
 
