@@ -306,6 +306,11 @@ class LlamaRpcEngine(_LlamaEngine):
     dispatch_width = 64
     splits: frozenset[Sharding] = frozenset({"Pipeline"})
 
+    def reads_model_files(self, shard: Any) -> bool:
+        """Only the driver reads the GGUF; a rank receives its tensors over RPC, so its node stages
+        nothing (a 40 GB model is not copied to every machine that lends memory)."""
+        return bool(shard.device_rank == 0)
+
     def probe(self) -> EngineProbe:
         build = find_build()
         if build is None:

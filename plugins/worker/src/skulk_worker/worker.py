@@ -178,7 +178,11 @@ class Worker:
             loop.call_soon_threadsafe(self.node.readings.put, node_id, reading)
 
         try:
-            path = await asyncio.to_thread(self._model_path, card, progress)
+            reads = getattr(engine, "reads_model_files", None)  # a rank fed its weights by a peer needs none
+            if callable(reads) and not reads(shard):
+                path = None
+            else:
+                path = await asyncio.to_thread(self._model_path, card, progress)
         except Exception as exc:
             log.exception("could not stage %s", model_id)
             await self.node.emit(DownloadFailed(node_id=node_id, model_id=model_id, error_message=str(exc)))
