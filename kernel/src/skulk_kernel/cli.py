@@ -24,6 +24,7 @@ def _setup_logging(verbosity: int) -> None:
     logging.basicConfig(
         level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING if verbosity <= 0 else logging.NOTSET)  # not per request
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

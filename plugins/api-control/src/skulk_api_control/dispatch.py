@@ -33,6 +33,7 @@ from skulk_kernel.api import (
     resolve_card,
 )
 
+from .access_log import note_chunk, note_model
 from .continuation import RESUMABLE_CODES, Resumer
 from .middleware import middleware_of
 from .routing import router_for
@@ -126,6 +127,7 @@ class InferenceHandle:
                 chunk = self.resumer.track(await self.continued(chunk))
             if is_terminal(chunk):
                 self.finished = True
+                note_chunk(chunk)  # the request's log line: its tokens or error code
             for middleware in list(self.observers):
                 try:
                     middleware.observe(self.command, chunk)
@@ -286,12 +288,14 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
     Errors that belong before the response starts (unknown model, no instance, context overflow)
     raise InferenceError so the adapter can answer with a 4xx instead of a broken stream.
     """
+    note_model(params.model_id)
     if (server := _served(node, params.model_id)) is not None:
         command = TextGeneration(
             command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params
         )
         return await _serve_here(node, command, server)
     model_id = resolve_model_id(node, params.model_id)
+    note_model(model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
     router = router_for(node)
@@ -329,7 +333,9 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
 
 
 async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
+    note_model(params.model_id)
     model_id = resolve_model_id(node, params.model_id, task="TextEmbedding")
+    note_model(model_id)
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
     command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from skulk_kernel.api import NodeSurface
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .access_log import AccessLog
 from .auth import install_auth
 
 log = logging.getLogger("skulk.api")
@@ -76,6 +77,7 @@ def build_app(node: NodeSurface) -> FastAPI:
         )
 
     node.hooks.call("register_api_routes", app=app, node=node)
+    app.add_middleware(AccessLog)  # one INFO line per inference request (inside the auth gate)
     install_auth(app, node)  # API keys, scopes, quotas and HTTP hardening: one ASGI gate, outermost
     return app
 

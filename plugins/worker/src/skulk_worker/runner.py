@@ -287,6 +287,8 @@ def runner_main(
         format=f"%(asctime)s %(levelname)-7s runner[{os.getpid()}] %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for noisy in ("httpx", "httpcore"):  # its calls to its engine's own server: not one line per request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         engine = _engine(profile, engine_name)
