@@ -94,7 +94,9 @@ def test_grammars_embed_the_schema_compactly() -> None:
     assert lark.startswith("%llguidance") and '"<tool_call>\\n"' in lark and "%json" in lark
     body = json.loads(lark.split("call: %json ", 1)[1])
     assert body["x-guidance"]["whitespace_flexible"] is False
-    assert json.loads(constraints.lark_json({"type": "object"}).split("%json ", 1)[1])["type"] == "object"
+    typed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert json.loads(constraints.lark_json(typed).split("%json ", 1)[1])["properties"] == typed["properties"]
+    assert "%json" not in constraints.lark_json({"type": "object"})  # any object: the bounded grammar
 
 
 def test_gbnf_call_wraps_the_converters_rules() -> None:

@@ -11,6 +11,9 @@ can mask every token that would break a grammar, so the answer is valid by const
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, with the arguments following
   the tool's own schema.
 * The in-process backend (llama-cpp-python) takes GBNF, from its own JSON-schema converter.
+* JSON mode without a schema (``json_object``, Ollama's ``format: "json"``) is not "any object"
+  but a bounded grammar of one (bounded_json.py), so a model that repeats itself still ends with
+  JSON that parses.
 
 Schemas are made *closed* (``additionalProperties: false`` where the schema does not say), and
 compact (no free whitespace, which a small model can spend its whole
@@ -22,6 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from .bounded_json import gbnf_bounded_object, is_any_object, lark_bounded_object
 
 CONSTRAINT_PREFIX = "skulk-constraint:"
 CALL_OPEN = "<tool_call>\n"
@@ -116,7 +121,9 @@ def _compact(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def lark_json(schema: dict[str, Any]) -> str:
-    """An llguidance grammar for a JSON answer following ``schema``."""
+    """An llguidance grammar for a JSON answer following ``schema`` (any object: the bounded one)."""
+    if is_any_object(schema):
+        return lark_bounded_object()
     return "%llguidance {}\nstart: %json " + json.dumps(_compact(schema)) + "\n"
 
 
@@ -137,7 +144,10 @@ LARK_PROSE_START = "%llguidance {}\nstart: FIRST REST\nFIRST: /[A-Za-z0-9]/\nRES
 
 
 def gbnf_json(schema: dict[str, Any]) -> str:
-    """GBNF (llama-cpp-python's converter) for a JSON answer following ``schema``."""
+    """GBNF (llama-cpp-python's converter) for a JSON answer following ``schema`` (any object: the
+    bounded grammar, which needs no converter)."""
+    if is_any_object(schema):
+        return gbnf_bounded_object()
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     return str(json_schema_to_gbnf(json.dumps(schema)))
