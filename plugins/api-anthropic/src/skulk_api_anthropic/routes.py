@@ -206,6 +206,7 @@ def add_anthropic_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float 
                     "max_input_tokens": card.context_length if card is not None else None,
                     "max_tokens": card.context_length if card is not None else None,
                 }
+                | ({"alias_of": canonical_id} if model_id != canonical_id else {})  # a short name
             )
         return entries
 

@@ -170,7 +170,9 @@ def listed_models(node: NodeSurface, known: Mapping[str, Any]) -> list[tuple[str
     """Every name the API accepts for a model, as `(name, model id)`: models with a running instance
     first (in placement order), then the rest of `known`, sorted; then the short names (the id after
     its last `/`, e.g. `SmolLM2-135M-Instruct`, which the README tells users to send) that resolve to
-    exactly that model, so a client that checks the list before calling finds the name it will use."""
+    exactly that model, so a client that checks the list before calling finds the name it will use;
+    then the aliases a card names (`sections.aliases.names`: `whisper-1`) that resolve to it. A pair
+    whose name differs from its model id is an alias: each API marks it so (`alias_of`)."""
     ids: list[str] = []
     for inst in list(node.state.instances.values()):
         placed = str(inst.shard_assignments.model_id)
@@ -186,6 +188,13 @@ def listed_models(node: NodeSurface, known: Mapping[str, Any]) -> list[tuple[str
         if canonical_model(node, short) == model_id:
             names.append((short, model_id))
             lowered.add(short.lower())
+    for model_id in ids:
+        card = known.get(model_id)
+        section = card.sections.get("aliases", {}) if isinstance(card, ModelCard) else {}
+        for alias in section.get("names", []) if isinstance(section, dict) else []:
+            if isinstance(alias, str) and alias.lower() not in lowered and canonical_model(node, alias) == model_id:
+                names.append((alias, model_id))
+                lowered.add(alias.lower())
     return names
 
 

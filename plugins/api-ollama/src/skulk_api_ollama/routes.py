@@ -289,7 +289,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             "size": card.storage_size if card else 0,
             "digest": digest(model_id),
             "details": details(card),
-        }
+        } | ({"alias_of": display_name(model_id)} if name != display_name(model_id) else {})  # a short name
 
     @route("GET", "/tags")
     async def get_tags() -> dict[str, Any]:

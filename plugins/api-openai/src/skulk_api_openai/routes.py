@@ -29,7 +29,7 @@ from skulk_api_control.adapter_routes import (
     answer,
     canonical_model,
     cards,
-    listed_model_ids,
+    listed_models,
     read_json,
     stream_body,
 )
@@ -190,9 +190,13 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
     # --- models ----------------------------------------------------------------------------------
 
     def model_entries() -> list[dict[str, Any]]:
+        """Every accepted name; an alias (a short name, `whisper-1`) says which model it is (`alias_of`)."""
         created = int(node.started_at)
-        ids = listed_model_ids(node, cards(node))
-        return [{"id": m, "object": "model", "created": created, "owned_by": "skulk"} for m in ids]
+        return [
+            {"id": name, "object": "model", "created": created, "owned_by": "skulk"}
+            | ({"alias_of": model_id} if name != model_id else {})
+            for name, model_id in listed_models(node, cards(node))
+        ]
 
     @app.get("/v1/models", tags=["openai"])
     async def get_models() -> dict[str, Any]:

@@ -54,6 +54,11 @@ def provision_whisper_tiny_en(
     return path
 
 
+def aliases_of(model_id: str) -> list[str]:
+    """OpenAI's names for this model (resolve_model maps them): the model lists show them as aliases."""
+    return sorted(alias for alias, target in ALIASES.items() if target == model_id)
+
+
 def speech_cards() -> dict[str, ModelCard]:
     piper = ModelCard(
         model_id=ModelId(PIPER_JOE),
@@ -78,6 +83,7 @@ def speech_cards() -> dict[str, ModelCard]:
                 "license": "CC0-1.0",
             },
             "source": {"kind": "callable", "call": "skulk_speech.cards:provision_joe"},
+            "aliases": {"names": aliases_of(PIPER_JOE)},
         },
     )
     whisper = ModelCard(
@@ -105,6 +111,7 @@ def speech_cards() -> dict[str, ModelCard]:
                 "license": "MIT",
             },
             "source": {"kind": "callable", "call": "skulk_speech.cards:provision_whisper_tiny_en"},
+            "aliases": {"names": aliases_of(WHISPER_TINY_EN)},
         },
     )
     return {piper.model_id: piper, whisper.model_id: whisper}
