@@ -82,13 +82,13 @@ def load_installed(installed: dict[str, Any]) -> tuple[pluggy.PluginManager, dic
     pm = new_plugin_manager()
     broken: dict[str, str] = {}
     running = kernel_version()
+    entry_points = {ep.name: ep for ep in metadata.entry_points(group="skulk.plugins")}  # one scan, not one each
     for name, info in sorted(installed.items()):
         if not info.kernel_compatible(running):
             broken[name] = f"needs skulk-kernel{info.kernel_range} (running {running})"
             continue
         try:
-            (ep,) = metadata.entry_points(group="skulk.plugins", name=name)
-            register_plugin(pm, ep.load(), name)
+            register_plugin(pm, entry_points[name].load(), name)
         except Exception as exc:  # an import error leaves that plugin out, with the error as its reason
             broken[name] = f"does not load: {exc!r}"[:240]
     return pm, broken
