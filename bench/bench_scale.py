@@ -46,6 +46,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "testing" / "src"))
 
+from skulk_testing.isolation import cluster_env  # noqa: E402
 from skulk_testing.nodes import NodeProcess, start_node  # noqa: E402
 
 PROFILE = """
@@ -97,6 +98,10 @@ class Fleet:
         self.profile.write_text(PROFILE + extra)
         self.nodes: list[NodeProcess] = []
         self.api: list[NodeProcess] = []
+        # One cluster secret for the fleet, given to every node: without it each node reads or
+        # creates ~/.skulk/cluster.secret, and nodes of the first wave racing to create it end up
+        # with different secrets (their frames rejected as forged, sessions flapping).
+        self.secret = cluster_env()
         for i in range(n):
             self.spawn(with_api=i < api, first=i == 0)
             if (i + 1) % WAVE == 0:  # a wave at a time: 32 interpreters importing at once starve every lease
@@ -111,7 +116,7 @@ class Fleet:
             str(self.profile),
             *args,
             home=self.tmp / f"node{len(self.nodes)}",
-            env={"SKULK_NETWORK_VERSION": self.version},
+            env={"SKULK_NETWORK_VERSION": self.version, **self.secret},
         )
         self.nodes.append(node)
         if with_api:
