@@ -205,8 +205,15 @@ class AuthGate:
         record = self.keys.find(presented) if presented else None
         local = is_loopback(scope.get("client")) and not self.config.loopback_needs_key
         refusal: tuple[int, str, str] | None = None
-        if needed is not None and not local and not self.config.open:
-            if presented is None:
+        member_token, member = self._member(scope, method, path)
+        if needed is not None and not local and not self.config.open and member is None:
+            if member_token:
+                refusal = (
+                    401,
+                    "this member token is not valid (another cluster's secret, too old, or for another route)",
+                    "invalid_member_token",
+                )
+            elif presented is None:
                 refusal = (
                     401,
                     "an API key is required from this address: send `Authorization: Bearer <key>` "
@@ -244,6 +251,17 @@ class AuthGate:
             await self.app(scope, receive, send)
         finally:
             current_key.reset(token)
+
+    def _member(self, scope: Scope_, method: str, path: str) -> tuple[bool, str | None]:
+        """(a member token was sent, the member it proves): node-to-node calls (member_auth.py)."""
+        from .member_auth import check, known_member, member_key, presented_member
+
+        token = presented_member(scope.get("headers", []))
+        if token is None:
+            return False, None
+        key = member_key(self.node)
+        node_id = check(key, token, method, path) if key is not None else None
+        return True, node_id if node_id is not None and known_member(self.node, node_id) else None
 
 
 def add_key_routes(app: Any, node: NodeSurface, keys: KeyRing, meter: Any) -> None:

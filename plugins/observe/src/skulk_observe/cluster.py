@@ -4,8 +4,9 @@ Each node's API address comes from its telemetry (`NodeResources.api_port` and `
 peer that shares a non-loopback address with this node is on the same host and is tried on
 loopback first (nodes that share a host often listen on 127.0.0.1 only). The answering node's own
 part is computed in process, never over HTTP. Every peer gets `fanout_timeout_s`; one that does not
-answer is reported as such, it never fails the whole answer. The caller's credentials (an
-`Authorization` or `x-api-key` header) are passed on, so a cluster with API keys works.
+answer is reported as such, it never fails the whole answer. Each call carries a member token
+(`X-Skulk-Member`, skulk_api_control.member_auth), so a cluster with API keys works; the caller's
+own credentials are never passed on to other nodes.
 
 Clocks: the per-node observe endpoints return their `nowNs`; where a peer's clock differs from
 ours by more than the round trip, its times are shifted onto ours (NTP-style midpoint estimate).
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from skulk_kernel.api import NodeIdentity, NodeResources, NodeSurface
-
-FORWARDED_HEADERS = ("authorization", "x-api-key")
 
 
 @dataclass
@@ -60,10 +59,17 @@ def friendly_names(node: NodeSurface) -> dict[str, str]:
 
 class FanOut:
     def __init__(self, node: NodeSurface, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+        """`headers`: the caller's, accepted and never forwarded (other nodes see a member token)."""
         self.node = node
         self.timeout_s = timeout_s
-        self.headers = {k: v for k, v in (headers or {}).items() if k.lower() in FORWARDED_HEADERS}
         self._working: dict[str, str] = {}
+
+    def _member_headers(self, path: str) -> dict[str, str]:
+        try:
+            from skulk_api_control.member_auth import member_headers
+        except ImportError:
+            return {}
+        return member_headers(self.node, "GET", path)
 
     async def one(self, node_id: str, path: str, local: Callable[[], Any] | None = None) -> Answer:
         if node_id == self.node.node_id and local is not None:
@@ -74,7 +80,7 @@ class FanOut:
         import httpx
 
         errors = []
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._member_headers(path)) as client:
             for base in urls:
                 t0 = time.time_ns()
                 try:

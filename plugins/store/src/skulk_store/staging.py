@@ -289,7 +289,10 @@ class HostStager:
         urls = self.fetcher.api_urls(host.node_id)
         for url in urls:
             try:
-                answer = httpx.post(f"{url}/store/models/{model_id}/download", timeout=httpx.Timeout(10, connect=2))
+                path = f"/store/models/{model_id}/download"
+                answer = httpx.post(
+                    url + path, headers=_as_member(self.node, "POST", path), timeout=httpx.Timeout(10, connect=2)
+                )
             except httpx.HTTPError:
                 continue
             if answer.status_code != 200:
@@ -305,7 +308,8 @@ class HostStager:
         last, last_change = -1, time.monotonic()
         while not self.node.stopping:
             try:
-                status = httpx.get(f"{url}/store/models/{model_id}/download", timeout=10).json()
+                path = f"/store/models/{model_id}/download"
+                status = httpx.get(url + path, headers=_as_member(self.node, "GET", path), timeout=10).json()
             except (httpx.HTTPError, ValueError) as exc:
                 log.info("lost the store host while it fetched %s: %s", model_id, exc)
                 return False
@@ -324,3 +328,12 @@ class HostStager:
                 return False
             time.sleep(1.0)
         return False
+
+
+def _as_member(node: Any, method: str, path: str) -> dict[str, str]:
+    """The member token a call to the store host's operator routes carries (never a user's key)."""
+    try:
+        from skulk_api_control.member_auth import member_headers
+    except ImportError:
+        return {}
+    return member_headers(node, method, path)
