@@ -121,3 +121,107 @@ def test_fanout_across_hosts_as_a_member_and_outsiders_refused(tmp_path: Path, n
         if b is not None:
             b.stop()
         a.stop()
+
+
+STORE_HOST = """
+[profile]
+name = "hosts-store-host"
+plugins = ["transport-zenoh", "election-bully", "master", "store", "api-control"]
+
+[planes]
+control = "zenoh"
+
+[plugins.master]
+default_models = []
+
+[plugins.store]
+role = "host"
+
+[plugins.transport-zenoh]
+multicast_scouting = false
+hello_interval_s = 0.5
+"""
+
+
+def test_a_worker_in_another_namespace_has_the_store_host_fetch_as_a_member(
+    tmp_path: Path, netns: Netns, models_dir: Path
+) -> None:
+    """The worker (B, in the namespace) asks the store host (A, keys required from B's address) to
+    fetch a model from the hub and follows its progress: both calls are let in by B's member token."""
+    from skulk_engine_llamacpp.models import provision_smollm2
+
+    from tests.store.hub_server import HubRepo, LoopbackHub
+
+    repo, gguf = "test-org/hosts-SmolLM2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+    host_profile, worker_profile = tmp_path / "host.toml", tmp_path / "worker.toml"
+    host_profile.write_text(STORE_HOST)
+    worker_profile.write_text(PROFILE)
+    version = f"hosts{secrets.token_hex(4)}"
+    with LoopbackHub() as hub:
+        hub.add(HubRepo.from_files(repo, {gguf: Path(provision_smollm2(models_dir))}))
+        a = NodeProcess(
+            profile=str(host_profile),
+            home=tmp_path / "a",
+            api_port=free_port(),
+            args=("--api-host", "0.0.0.0", "--node-name", "host"),
+            env={
+                "HOME": str(tmp_path / "owner"),
+                "SKULK_NETWORK_VERSION": version,
+                "SKULK_JOIN_TOKEN": "",
+                "SKULK_MODELS_DIR": str(tmp_path / "a-models"),
+                "HF_ENDPOINT": hub.url,
+                "HF_HUB_OFFLINE": "0",
+            },
+        ).start()
+        b: NsNode | None = None
+        try:
+            a.wait_api()
+            a_id = a.get("/node_id").json()
+            b = NsNode(
+                profile=str(worker_profile),
+                home=tmp_path / "b",
+                api_port=free_port(),
+                args=(
+                    "--api-host",
+                    "0.0.0.0",
+                    "--no-default-models",
+                    "--node-name",
+                    "worker",
+                    "--bootstrap-peers",
+                    f"{netns.host_ip}:{_zenoh_port(a)}",
+                ),
+                env={
+                    "HOME": str(tmp_path / "other"),
+                    "SKULK_NETWORK_VERSION": version,
+                    "SKULK_JOIN_TOKEN": _token(tmp_path, "owner"),
+                    "SKULK_MODELS_DIR": str(tmp_path / "b-models"),
+                },
+            )
+            b.netns = netns
+            b.start()
+            a.wait_until(lambda: len(a.state()["topology"]["nodes"]) == 2, 60, "B in A's topology")
+            added = a.post("/models/add", json={"repo_id": repo, "download": False})
+            assert added.status_code == 200, added.text
+            on_b = f"http://127.0.0.1:{b.api_port}"  # B's own loopback, from its namespace
+
+            def b_knows_the_host() -> bool:
+                status, _, body = netns.http("GET", on_b + "/store/registry")
+                return status == 200 and a_id in body["hosts"] and bool(body["hosts"][a_id]["reachable"])
+
+            a.wait_until(b_knows_the_host, 60, "the store host in B's registry")
+            assert netns.http("GET", f"http://{netns.host_ip}:{a.api_port}/store/registry")[0] == 401  # keys required
+
+            def b_installed() -> bool:
+                status, _, body = netns.http("GET", f"{on_b}/store/models/{repo}/download")
+                return status == 200 and body.get("status") in ("installed", "failed")
+
+            assert netns.http("POST", f"{on_b}/store/models/{repo}/download")[0] == 200
+            a.wait_until(b_installed, 120, "B's staged copy")
+            assert netns.http("GET", f"{on_b}/store/models/{repo}/download")[2]["status"] == "installed"
+            assert hub.repos[repo].downloads == 1  # the host fetched it, asked by B
+            assert repo in a.get("/store/storage").json()["models"]
+            assert "asked store host" in b.log() and "will not fetch" not in b.log()
+        finally:
+            if b is not None:
+                b.stop()
+            a.stop()
