@@ -21,6 +21,7 @@ from skulk_testing.nodes import start_node
 
 from tests.conftest import CHAT_MODEL, EMBED_MODEL
 from tests.serving.placing import place_until_listed
+from tests.store.test_downloads import _assert_only_loopback, member_addresses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -130,6 +131,7 @@ def test_offline_node_with_an_empty_folder_serves_the_defaults_from_a_peer(
             assert _sha(mine) == _sha(path), model_id
         assert counter.count == 0, f"B made {counter.count} connection(s) to a package index or hub"
         assert "pip download" not in b.log() and "No matching distribution" not in b.log()
+        _assert_only_loopback(b.pid(), member_addresses(b))  # B's sockets now: loopback and members only
         assert b_id != a_id
     finally:
         if b is not None:
