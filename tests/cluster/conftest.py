@@ -54,6 +54,7 @@ class Cluster:
         self.version = version
         self.env = env
         self.nodes: list[NodeProcess] = []
+        self.mesh = True  # every node finds every other (multicast / mDNS): agreed() waits for a full mesh
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> NodeProcess:
         node = start_node(
@@ -101,7 +102,8 @@ class Cluster:
         members = {len(n.state()["topology"]["nodes"]) for n in nodes}
         # every node holds a control session with every other (libp2p dials after Zenoh's telemetry
         # has already made a node a member; placement only counts nodes with a session)
-        meshed = all(len(v["transports"]["control"]["peers"]) >= len(nodes) - 1 for v in views)
+        # (bootstrap-only clusters may stay a star on libp2p: gossipsub relays, so only with discovery)
+        meshed = not self.mesh or all(len(v["transports"]["control"]["peers"]) >= len(nodes) - 1 for v in views)
         if len(masters) == 1 and None not in masters and len(hashes) == 1 and members == {len(nodes)} and meshed:
             return masters.pop(), hashes.pop()
         return None
@@ -170,6 +172,7 @@ def cluster_factory(tmp_path: Path, control: str) -> Iterator[Callable[..., Clus
             )
         )
         cluster = Cluster(tmp_path / f"cluster{len(made)}", profile, f"t{uuid.uuid4().hex[:10]}", env or {}, control)
+        cluster.mesh = multicast
         made.append(cluster)
         return cluster
 
