@@ -1,10 +1,12 @@
 """The default node (`skulk-kernel run` with no profile: `auto`) as the README starts it: chat and
 embeddings on llama.cpp, the speech, media and steward routes served, and nothing placed at start
-but the two default models (speech and steward models are not downloaded by a first run)."""
+but the two default models (speech and steward models are not downloaded by a first run); the
+first speech requests place their model (one instance) and are answered, with no placement call."""
 
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,9 @@ from openai import OpenAI
 from skulk_testing.nodes import start_node
 
 from tests.conftest import CHAT_MODEL, EMBED_MODEL
+
+PIPER = "rhasspy/piper-en_US-joe-medium"
+WHISPER = "Systran/faster-whisper-tiny.en"
 
 pytestmark = pytest.mark.slow
 
@@ -38,5 +43,17 @@ def test_the_default_node_serves_the_readme_models_and_places_nothing_else(model
             next(iter(i.values()))["shardAssignments"]["modelId"] for i in node.state()["instances"].values()
         )
         assert models == sorted([CHAT_MODEL, EMBED_MODEL])  # no speech, steward or media model placed
+
+        # speech on first use: no placement call; concurrent first requests make one instance
+        def speak(text: str) -> bytes:
+            return client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav").read()
+
+        with ThreadPoolExecutor(3) as pool:
+            audio = list(pool.map(speak, ["Hello world.", "Good morning.", "The lamp is lit."]))
+        assert all(a[:4] == b"RIFF" and len(a) > 10_000 for a in audio)
+        heard = client.audio.transcriptions.create(model="whisper-1", file=("hello.wav", audio[0]))
+        assert "hello" in heard.text.lower()
+        placed = [next(iter(i.values()))["shardAssignments"]["modelId"] for i in node.state()["instances"].values()]
+        assert sorted(placed) == sorted([CHAT_MODEL, EMBED_MODEL, PIPER, WHISPER])  # one instance each
     finally:
         node.stop()

@@ -28,7 +28,7 @@ SECTION = VideoSection(
 
 class TestApiMediaPlugin(PluginConformance):
     plugin_name = "api-media"
-    hook_owners = ("api-control",)  # it implements register_api_routes
+    hook_owners = ("api-control", "hardware")  # it implements register_api_routes and plugin_fits
 
 
 def test_frames_snap_up_to_the_grid() -> None:

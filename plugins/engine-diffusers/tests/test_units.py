@@ -19,7 +19,7 @@ from skulk_testing.conformance import PluginConformance
 
 class TestDiffusersPlugin(PluginConformance):
     plugin_name = "engine-diffusers"
-    hook_owners = ("api-control",)  # it implements register_api_routes
+    hook_owners = ("api-control", "hardware")  # it implements register_api_routes and plugin_fits
 
 
 def write_folder(root: Path, sample_size: int = 32, vae_blocks: int = 2, unet_blocks: int = 2) -> Path:

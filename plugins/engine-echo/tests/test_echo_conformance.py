@@ -15,6 +15,7 @@ from skulk_testing.conformance import (
 
 class TestEchoPlugin(PluginConformance):
     plugin_name = "engine-echo"
+    hook_owners = ("api-control", "hardware")  # plugin_fits is hardware's hook (hardware needs api-control)
 
 
 class TestEchoEngine(EngineConformance):

@@ -23,6 +23,7 @@ from skulk_testing.conformance import EngineConformance, PluginConformance, make
 
 class TestMlxPlugin(PluginConformance):
     plugin_name = "engine-mlx"
+    hook_owners = ("api-control", "hardware")  # plugin_fits is hardware's hook (hardware needs api-control)
 
 
 class TestMlxEngineConformance(EngineConformance):

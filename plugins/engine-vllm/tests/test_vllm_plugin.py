@@ -21,6 +21,7 @@ GiB = 1024**3
 
 class TestVllmPlugin(PluginConformance):
     plugin_name = "engine-vllm"
+    hook_owners = ("api-control", "hardware")  # plugin_fits is hardware's hook (hardware needs api-control)
 
 
 BIG = SMOLLM2_CARD.model_copy(

@@ -21,7 +21,7 @@ from skulk_testing.conformance import ModelStoreConformance, PluginConformance, 
 
 class TestSpeechPlugin(PluginConformance):
     plugin_name = "speech"
-    hook_owners = ("api-control",)  # it implements register_api_routes
+    hook_owners = ("api-control", "hardware")  # it implements register_api_routes and plugin_fits
 
 
 class TestSpeechModelStore(ModelStoreConformance):

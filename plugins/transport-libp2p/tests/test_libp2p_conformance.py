@@ -14,6 +14,7 @@ from skulk_transport_libp2p.transport import Libp2pTransport
 
 class TestLibp2pPlugin(PluginConformance):
     plugin_name = "transport-libp2p"
+    hook_owners = ("api-control", "hardware")  # plugin_fits is hardware's hook (hardware needs api-control)
 
 
 class TestLibp2pTransportConformance(TransportConformance):

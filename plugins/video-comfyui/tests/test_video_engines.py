@@ -19,6 +19,7 @@ from skulk_video_comfyui.workflow import WorkflowError, bind
 
 class TestVideoComfyPlugin(PluginConformance):
     plugin_name = "video-comfyui"
+    hook_owners = ("api-control", "hardware")  # plugin_fits is hardware's hook (hardware needs api-control)
 
 
 class TestVideoEngineConformance(EngineConformance):

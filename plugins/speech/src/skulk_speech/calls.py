@@ -13,7 +13,7 @@ import hashlib
 import logging
 from typing import Any
 
-from skulk_api_control.dispatch import InferenceError, InferenceHandle, resolve_model_id, start
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, start
 from skulk_kernel.api import (
     CommandId,
     NodeSurface,
@@ -23,6 +23,7 @@ from skulk_kernel.api import (
     new_id,
 )
 
+from .on_demand import model_for
 from .uploads import send_when_running
 
 FIRST_CHUNK_TIMEOUT_S = 600.0
@@ -61,8 +62,8 @@ async def _start(node: NodeSurface, command: SpeechSynthesis | Transcription, up
     )
 
 
-async def synthesize(node: NodeSurface, params: SpeechParams) -> InferenceHandle:
-    model_id = resolve_model_id(node, params.model_id, task="SpeechSynthesis")
+async def synthesize(node: NodeSurface, params: SpeechParams, place_on_request: bool = False) -> InferenceHandle:
+    model_id = await model_for(node, params.model_id, "SpeechSynthesis", place_on_request)
     command = SpeechSynthesis(
         command_id=CommandId(new_id()),
         owner_node_id=node.node_id,
@@ -71,9 +72,11 @@ async def synthesize(node: NodeSurface, params: SpeechParams) -> InferenceHandle
     return await _start(node, command, None)
 
 
-async def transcribe(node: NodeSurface, params: SpeechParams, audio: bytes) -> InferenceHandle:
+async def transcribe(
+    node: NodeSurface, params: SpeechParams, audio: bytes, place_on_request: bool = False
+) -> InferenceHandle:
     """Send a Transcription whose command names the audio by digest and size; the bytes follow."""
-    model_id = resolve_model_id(node, params.model_id, task="Transcription")
+    model_id = await model_for(node, params.model_id, "Transcription", place_on_request)
     params = params.model_copy(
         update={"model_id": model_id, "audio_sha256": hashlib.sha256(audio).hexdigest(), "audio_bytes": len(audio)}
     )

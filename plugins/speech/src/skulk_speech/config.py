@@ -21,6 +21,11 @@ class SpeechConfig(BaseModel):
     realtime_max_turn_s: float = Field(default=30.0, gt=0, description="a realtime turn is committed at this length")
     vad_threshold: float = Field(default=0.5, gt=0, lt=1, description="Silero speech probability for 'speaking'")
     vad_silence_ms: int = Field(default=500, ge=100, description="silence that ends a realtime turn")
+    place_on_request: bool = Field(
+        default=True,
+        description="a request for a speech model with no instance places it and waits for it (on_demand.py); "
+        "false: a 404 saying to place it first",
+    )
 
 
 def from_options(options: dict[str, object]) -> SpeechConfig:

@@ -156,7 +156,7 @@ def add_speech_routes(app: Any, node: NodeSurface, config: SpeechConfig) -> None
         def sse_stream(dispatch: Dispatch) -> AsyncIterator[str]:
             return stream_body(dispatch, lambda handle: _speech_events(handle, fmt), _sse_failed)
 
-        call = calls.synthesize(node, params)
+        call = calls.synthesize(node, params, config.place_on_request)
         if sse:
             return await answer(request, call, ERRORS, complete, stream=sse_stream, headers=SSE)
         if fmt in STREAMABLE:
@@ -402,7 +402,7 @@ def add_transcription_routes(app: Any, node: NodeSurface, config: SpeechConfig) 
         def sse_stream(dispatch: Dispatch) -> AsyncIterator[str]:
             return stream_body(dispatch, _transcript_events, _sse_failed)
 
-        call = calls.transcribe(node, params, data)
+        call = calls.transcribe(node, params, data, config.place_on_request)
         return await answer(request, call, ERRORS, complete, stream=sse_stream if stream else None, headers=SSE)
 
     @app.post("/v1/audio/transcriptions", tags=["openai"])
