@@ -1,16 +1,17 @@
 """`[plugins.steward] place = "on_first_use"` (profile auto): a node starts with no steward placed (a
-first run downloads no steward model); the first request for `skulk/steward` places it, and once it
-is ready the steward answers."""
+first run downloads no steward model); the first requests for `skulk/steward` (through the openai
+SDK, no placement call) place one steward and wait for it, then the steward answers them."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+import openai
 import pytest
 
-from tests.steward.test_steward_cluster import _nodes, _profile, stewards, wait
+from tests.steward.test_steward_cluster import _nodes, _profile, stewards
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +26,15 @@ def test_the_steward_is_placed_on_first_use_not_at_start(tmp_path: Path) -> None
         time.sleep(3)  # three keeper ticks: with at_start the steward would be placed by now
         assert stewards(node) == []
         assert node.get("/v1/steward").json()["status"] == "on_first_use"
-        body = {"model": "skulk/steward", "messages": [{"role": "user", "content": "How many nodes?"}]}
-        first = node.post("/v1/chat/completions", json=body)
-        assert first.status_code == 503 and "retry" in first.text  # the first use places it
-        wait(lambda: node.get("/v1/steward").json()["ready"], 60, "the steward placed on first use")
-        assert len(stewards(node)) == 1
+        client = openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "How many nodes?"}]
 
-        def answered() -> httpx.Response | None:
-            got = node.post("/v1/chat/completions", json=body, timeout=60)
-            return got if got.status_code == 200 else None
+        def ask(_: int) -> str:  # the first requests wait for the steward to be placed and loaded
+            reply = client.chat.completions.create(model="skulk/steward", messages=messages)  # type: ignore[arg-type]
+            return reply.choices[0].message.role
 
-        assert wait(answered, 60, "an answer").json()["choices"][0]["message"]["role"] == "assistant"
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(ask, range(3))) == ["assistant"] * 3
+        assert len(stewards(node)) == 1 and node.get("/v1/steward").json()["ready"]
     finally:
         node.stop()
