@@ -27,7 +27,9 @@ async def model_for(node: NodeSurface, ref: str, task: str, place_on_request: bo
     """The model id to run `ref` on, placed first (and waited for) when it has no instance."""
     note_model(ref)  # the request's log line
     try:
-        return resolve_model_id(node, ref, task=task)
+        model_id = resolve_model_id(node, ref, task=task)
+        note_model(model_id)
+        return model_id
     except InferenceError as exc:
         card = resolve_card(node, ref) if exc.code == "model_not_placed" and place_on_request else None
         if card is None:
@@ -37,6 +39,7 @@ async def model_for(node: NodeSurface, ref: str, task: str, place_on_request: bo
     if placing is None or placing.done():
         placing = _PLACING[key] = asyncio.ensure_future(_place_and_wait(node, card.model_id))
     await asyncio.shield(placing)  # a client that leaves does not cancel the others' placement
+    note_model(card.model_id)
     return card.model_id
 
 
