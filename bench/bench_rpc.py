@@ -11,9 +11,11 @@ Every configuration runs the same RPC build's ``llama-server`` with the driver's
   llama.cpp's own documentation sets up, and what Skulk never exposes);
 * ``2 tunnel`` / ``3 tunnel``: the same ranks behind member mutual-TLS tunnels (what a node runs).
 
-Layers split evenly (rank 0 keeps its share on its own CPU). Per configuration: time to first
-token of a ~120-token prompt (fresh each round: the server caches prompts), decode tok/s over 64
-greedy tokens (llama.cpp's own ``predicted_per_second``), and each process's resident memory. All
+Layers split evenly (rank 0 keeps its share on its own CPU). Every configuration is up at once and
+the rounds go round-robin over them, the order rotated each round, so drifting load on a shared
+machine falls on all alike. Per configuration, medians over the rounds: time to first token of a
+~60-token prompt (fresh each time: the server caches prompts), decode tok/s over 64 tokens
+(llama.cpp's own ``predicted_per_second``), and each process's resident memory. All
 ranks share this host's two cores, so a split's decode also pays for ranks competing for them: on
 separate machines each rank has its own cores. The ratios that matter: tunnel against direct (the
 cost of keeping RPC inside the cluster) and each split against single (what pooling costs).
@@ -48,40 +50,38 @@ def model_path(model_id: str) -> Path:
 
 
 def prompt(i: int) -> str:
-    return f"Round {i}: " + " ".join(f"item{i}-{k}" for k in range(50)) + ". Summarise the list above in one line."
+    return f"Round {i}: " + " ".join(f"item{i}-{k}" for k in range(20)) + ". Summarise the list above in one line."
 
 
-def measure(server: Any, rounds: int) -> dict[str, float]:
+def one_request(server: Any, i: int) -> tuple[float, float]:
+    """(time to first token, decode tok/s) of one fresh prompt with 64 generated tokens."""
     from skulk_engine_llamacpp.events import Finish, TextDelta
 
-    ttfts, tps = [], []
-    for i in range(rounds):
-        started = time.perf_counter()
-        first = None
-        for event in server.chat(
-            [{"role": "user", "content": prompt(i + int(time.time()))}],
-            sampling={"temperature": 0, "max_tokens": 64, "ignore_eos": True},
-        ):
-            if isinstance(event, TextDelta) and event.text and first is None:
-                first = time.perf_counter() - started
-            if isinstance(event, Finish):
-                tps.append(float((event.timings or {}).get("predicted_per_second") or 0))
-        ttfts.append(first or 0.0)
-    ttfts.sort()
-    tps.sort()
-    return {"ttft_s": ttfts[len(ttfts) // 2], "decode_tps": tps[len(tps) // 2]}
+    started = time.perf_counter()
+    first, tps = 0.0, 0.0
+    for event in server.chat(
+        [{"role": "user", "content": prompt(i)}],
+        sampling={"temperature": 0, "max_tokens": 64, "ignore_eos": True},
+    ):
+        if isinstance(event, TextDelta) and event.text and not first:
+            first = time.perf_counter() - started
+        if isinstance(event, Finish):
+            tps = float((event.timings or {}).get("predicted_per_second") or 0)
+    return first, tps
 
 
-def run_config(build: Any, path: Path, n_layers: int, width: int, tunnel: bool, rounds: int) -> dict[str, Any]:
-    from skulk_engine_llamacpp.rpc_engine import RpcLlamaServer, _stop, _wait_port, free_loopback_port
-    from skulk_engine_llamacpp.rpc_tunnel import MemberTls, Tunnels
+class Config:
+    """One configuration's processes, kept up for the whole run (rounds are interleaved)."""
 
-    ranks: list[subprocess.Popen[bytes]] = []
-    tunnels = Tunnels(MemberTls.of_this_node()) if tunnel else None
-    endpoints = []
-    per = n_layers // width
-    split = [per] * (width - 1)
-    try:
+    def __init__(self, build: Any, path: Path, n_layers: int, width: int, tunnel: bool) -> None:
+        from skulk_engine_llamacpp.rpc_engine import RpcLlamaServer, _wait_port, free_loopback_port
+        from skulk_engine_llamacpp.rpc_tunnel import MemberTls, Tunnels
+
+        self.ranks: list[subprocess.Popen[bytes]] = []
+        self.tunnels = Tunnels(MemberTls.of_this_node()) if tunnel else None
+        self.samples: list[tuple[float, float]] = []
+        endpoints = []
+        split = [n_layers // width] * (width - 1)
         for _ in range(width - 1):
             port = free_loopback_port()
             proc = subprocess.Popen(
@@ -89,32 +89,36 @@ def run_config(build: Any, path: Path, n_layers: int, width: int, tunnel: bool, 
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            ranks.append(proc)
+            self.ranks.append(proc)
             _wait_port(port, proc, 30, "ggml-rpc-server")
-            if tunnels is not None:
-                exposed = tunnels.expose("127.0.0.1:0", port)
-                endpoints.append(f"127.0.0.1:{tunnels.reach(f'127.0.0.1:{exposed}')}")
+            if self.tunnels is not None:
+                exposed = self.tunnels.expose("127.0.0.1:0", port)
+                endpoints.append(f"127.0.0.1:{self.tunnels.reach(f'127.0.0.1:{exposed}')}")
             else:
                 endpoints.append(f"127.0.0.1:{port}")
-        server = RpcLlamaServer(build, endpoints, sum(split), split, model_path=path, n_parallel=1, n_ctx=2048)
-        loaded = time.perf_counter()
-        server.start()
-        load_s = time.perf_counter() - loaded
-        try:
-            measure(server, 1)  # warm-up
-            result = measure(server, rounds)
-            assert server.process is not None
-            rss = [psutil.Process(server.process.pid).memory_info().rss] + [
-                psutil.Process(p.pid).memory_info().rss for p in ranks
-            ]
-        finally:
-            server.close()
-        return {**result, "load_s": round(load_s, 2), "rss_mib": [r // 2**20 for r in rss]}
-    finally:
-        for proc in ranks:
+        self.server = RpcLlamaServer(build, endpoints, sum(split), split, model_path=path, n_parallel=1, n_ctx=2048)
+        started = time.perf_counter()
+        self.server.start()
+        self.load_s = time.perf_counter() - started
+
+    def rss_mib(self) -> list[int]:
+        assert self.server.process is not None
+        procs = [self.server.process, *self.ranks]
+        return [psutil.Process(p.pid).memory_info().rss // 2**20 for p in procs]
+
+    def close(self) -> None:
+        from skulk_engine_llamacpp.rpc_engine import _stop
+
+        self.server.close()
+        for proc in self.ranks:
             _stop(proc)
-        if tunnels is not None:
-            tunnels.close()
+        if self.tunnels is not None:
+            self.tunnels.close()
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def main() -> int:
@@ -133,7 +137,28 @@ def main() -> int:
     path = model_path(model_id)
     configs = [("single", 1, False), ("2 direct", 2, False), ("2 tunnel", 2, True), ("3 direct", 3, False)]
     configs.append(("3 tunnel", 3, True))
-    rows = {name: run_config(build, path, n_layers, width, tunnel, args.rounds) for name, width, tunnel in configs}
+    up: dict[str, Config] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        for name, width, tunnel in configs:
+            up[name] = Config(build, path, n_layers, width, tunnel)
+        for k, config in enumerate(up.values()):
+            one_request(config.server, 10_000 + k)  # warm-up
+        # rounds interleaved, the order rotated each round: a shared machine's load drifts across all alike
+        names = list(up)
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                up[name].samples.append(one_request(up[name].server, int(time.time() * 1000) + r))
+        for name, config in up.items():
+            rows[name] = {
+                "ttft_s": round(median([t for t, _ in config.samples]), 3),
+                "decode_tps": round(median([d for _, d in config.samples]), 2),
+                "load_s": round(config.load_s, 2),
+                "rss_mib": config.rss_mib(),
+            }
+    finally:
+        for config in up.values():
+            config.close()
     base = rows["single"]
     for name, row in rows.items():
         row["decode_vs_single"] = round(row["decode_tps"] / base["decode_tps"], 3) if base["decode_tps"] else None

@@ -9,6 +9,13 @@ typed node services, a session Protocol per task kind: about 370 lines) and move
 the kernel's (the HTTP-only hooks to api-control, placement from telemetry and the master's
 answered-commands memory to the master plugin, the `engines` command to the worker: about 160
 lines); the bound moved by the difference, no more.
+
+4,250 since the wave of [rpc], [surface], [scale] and [defaults] (4,198 lines at its end): types that
+cross process boundaries and so must be the kernel's (text completions' `CompletionParams` and
+`PromptChunk`, the `EosControl` session capability, a rank group's layer spans, a node capacity's
+engine builds, a profile's composer and notes) and the node's own telemetry loop getting cheaper
+at scale (readings sent on change, a bounded store indexed by node). Nothing was found that left
+without tearing a seam (the chunk streams, the node's self-probe): the next wave pays it back.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from pathlib import Path
 
 import skulk_kernel
 
-BUDGET_LINES = 4100
+BUDGET_LINES = 4250
 
 
 def test_the_kernel_is_under_its_line_budget() -> None:

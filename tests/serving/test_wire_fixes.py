@@ -63,12 +63,14 @@ def test_anthropic_usage_has_the_required_nullable_keys(an: anthropic.Anthropic)
     assert "inference_geo" in final.usage.model_fields_set and final.usage.output_tokens > 0
 
 
-def test_anthropic_tool_use_blocks_carry_no_null_caller(an: anthropic.Anthropic, node: NodeProcess) -> None:
+def test_anthropic_tool_use_blocks_carry_a_direct_caller_never_null(an: anthropic.Anthropic, node: NodeProcess) -> None:
+    """The specification requires `caller` (default direct); `caller: null` broke the Vercel AI SDK."""
     msg = an.messages.create(
         model=ECHO, max_tokens=20, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": WEATHER}]
     )
     block = next(b for b in msg.content if b.type == "tool_use")
-    assert block.input == {"city": "Paris"} and "caller" not in block.model_fields_set
+    assert block.input == {"city": "Paris"}
+    assert block.model_dump().get("caller") == {"type": "direct"}
     raw = httpx.post(
         node.url + "/v1/messages",
         headers={"anthropic-version": "2023-06-01", "x-api-key": "x"},
@@ -76,7 +78,7 @@ def test_anthropic_tool_use_blocks_carry_no_null_caller(an: anthropic.Anthropic,
               "messages": [{"role": "user", "content": WEATHER}]},
         timeout=30,
     ).text  # fmt: skip
-    assert '"tool_use"' in raw and '"caller"' not in raw
+    assert '"tool_use"' in raw and '"caller":{"type":"direct"}' in raw.replace(" ", "") and '"caller":null' not in raw
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -21,8 +21,9 @@ import logging
 import time
 from functools import cache
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from skulk_kernel.api import NodeSurface
 
 log = logging.getLogger("skulk.api.member")
 
@@ -44,7 +45,7 @@ def _key_for(home: str, join_token: str | None) -> bytes | None:
         return None
 
 
-def member_key(node: Any) -> bytes | None:
+def member_key(node: NodeSurface) -> bytes | None:
     """This node's key for member tokens, from its cluster secret (None: it has none)."""
     return _key_for(str(node.options.home), node.options.extra.get("join_token"))
 
@@ -72,7 +73,7 @@ def check(key: bytes, token: str, method: str, path: str, now: float | None = No
     return node_id if hmac.compare_digest(_mac(key, node_id, stamp, method, path), mac) else None
 
 
-def member_headers(node: Any, method: str, url_or_path: str) -> dict[str, str]:
+def member_headers(node: NodeSurface, method: str, url_or_path: str) -> dict[str, str]:
     """The header a node sends on a call to another member's API (empty when it has no secret)."""
     key = member_key(node)
     if key is None:
@@ -88,7 +89,7 @@ def presented_member(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def known_member(node: Any, node_id: str) -> bool:
+def known_member(node: NodeSurface, node_id: str) -> bool:
     """A node this one holds a session with or has in its topology (never itself)."""
     if node_id == node.node_id:
         return False

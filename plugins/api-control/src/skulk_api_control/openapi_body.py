@@ -25,16 +25,16 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
-    def inline(node: Any, seen: frozenset[str]) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
+    def inline(part: Any, seen: frozenset[str]) -> Any:
+        if isinstance(part, dict):
+            ref = part.get("$ref")
             if isinstance(ref, str) and ref.startswith(_REF):
                 name = ref.removeprefix(_REF)
                 return {} if name in seen else inline(defs[name], seen | {name})
-            return {k: inline(v, seen) for k, v in node.items()}
-        if isinstance(node, list):
-            return [inline(v, seen) for v in node]
-        return node
+            return {k: inline(v, seen) for k, v in part.items()}
+        if isinstance(part, list):
+            return [inline(v, seen) for v in part]
+        return part
 
     out: dict[str, Any] = inline(schema, frozenset())
     return out

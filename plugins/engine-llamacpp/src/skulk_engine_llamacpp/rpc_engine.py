@@ -219,7 +219,7 @@ class RpcDriverSession(LlamaSession):
         if process is None or process.poll() is None:
             return None
         if self.broken is None:
-            peers = ", ".join(self.tunnels.stats.closed_by_peer[-3:]) or "none seen"
+            peers = ", ".join(dict.fromkeys(self.tunnels.stats.closed_by_peer[-3:])) or "none seen"
             self.broken = (
                 f"the llama.cpp RPC driver of {self.spec.card.model_id} exited (code {process.returncode}): "
                 f"a rank's connection was lost (closed: {peers})"

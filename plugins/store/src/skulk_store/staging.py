@@ -330,7 +330,7 @@ class HostStager:
         return False
 
 
-def _as_member(node: Any, method: str, path: str) -> dict[str, str]:
+def _as_member(node: NodeSurface, method: str, path: str) -> dict[str, str]:
     """The member token a call to the store host's operator routes carries (never a user's key)."""
     try:
         from skulk_api_control.member_auth import member_headers
