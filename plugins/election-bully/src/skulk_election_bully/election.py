@@ -150,6 +150,7 @@ class BullyElection:
         self._heard: dict[str, tuple[float, ElectionMessage]] = {}  # node -> (when, latest message)
         self._masters: dict[str, ElectionMessage] = {}  # nodes that claim mastership: latest announce
         self._status_to_all = False
+        self._concluded_at = float("-inf")  # when this node last concluded a round
         self._answer: set[str] = set()  # newcomers whose campaign this master answers, addressed
         self._outbox: dict[str, ElectionMessage] = {}
         self._no_master_since = 0.0
@@ -404,7 +405,11 @@ class BullyElection:
     def _on_campaign(self, msg: ElectionMessage, now: float) -> None:
         sender, k = msg.node_id, msg.clock
         rnd = self.round
-        if rnd is None and self.master is not None and sender != self.master and k <= self.clock:
+        # Settled: a master, or a round this node concluded moments ago whose winner has not
+        # announced yet (a stale campaign arriving then must not start the next round: under load,
+        # late campaigns chained rounds for 25 s after a master's death at 24 nodes).
+        settled = self.master is not None or now - self._concluded_at < self.config.master_timeout_s
+        if rnd is None and settled and sender != self.master and k <= self.clock:
             # A newcomer (or a straggler) campaigns while this cluster has a master: only the master
             # answers, to it alone, and wins its round (or loses to a --force-master newcomer, which
             # then announces and outranks it). No cluster-wide round: a join costs O(1) messages
@@ -517,6 +522,7 @@ class BullyElection:
         assert rnd is not None
         self.round = None
         self.last_round = rnd
+        self._concluded_at = now
         rnd.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
         winner = rnd.winner()
         self.log.info(
