@@ -138,9 +138,11 @@ def test_two_nodes_edge_and_a_killed_node(dashboard: Dashboard, tmp_path: Path) 
         for n in nodes:
             n.stop()
     assert result["edges"] == 1
-    # error: within three missed heartbeats plus one push tick (6 s + 2 s), removal after the node timeout
+    # error: within three missed heartbeats plus one push tick (6 s + 2 s)
     assert result["killToErrorS"] < 10, result
-    assert NODE_TIMEOUT_S - 3 < result["killToRemovedS"] < NODE_TIMEOUT_S + 15, result
+    # removal: a killed node's session closes at once, so the master prunes it once its heartbeats have
+    # stopped for departed_after_s (3 s), well before the node timeout (kept for silent nodes)
+    assert 2 < result["killToRemovedS"] < NODE_TIMEOUT_S + 15, result
     assert result["edgesAfter"] == 0
     assert not result["consoleErrors"], result["consoleErrors"]
     print(

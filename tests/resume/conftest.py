@@ -68,6 +68,15 @@ class Fabric:
                     asked.add(node_id)
             found = self.ready_by_node()
             if len(found) == n:
+                # a killed node's instance is placed again within seconds (the master heals at the
+                # speed of detection): a second one on a live worker would take a share of the
+                # requests, so exactly these n stay
+                extra = [iid for iid in instance_nodes(self.api.state()) if iid not in found.values()]
+                for iid in extra:
+                    httpx.delete(self.api.url + "/instance/" + iid, timeout=30)
+                self.api.wait_until(
+                    lambda extra=set(extra): not extra & set(self.api.state()["instances"]), 60, "extras deleted"
+                )
                 return list(found.values())
             time.sleep(0.5)
         raise TimeoutError(f"no {n} ready replicas in {timeout}s: {self.ready_by_node()}")

@@ -35,8 +35,10 @@ def test_ignore_eos_returns_exactly_max_tokens(llama_node: Any) -> None:
     assert out.choices[0].finish_reason == "length"
 
 
-# Paris: a long answer whose keys repeat, closed by the bounds after about 1,200 tokens (temperature 0)
-JSON_PROMPTS = ["Describe the weather in Paris as JSON.", "Return JSON with name and age of a person."]
+# "Describe the weather in Paris as JSON." loops at several nested levels at once: the bounds close it
+# after about 1,200 tokens when the node is alone, past 2,000 when other requests share its batches
+# (seen in the full suite), so it is not a test of termination (docs/api.md says nested loops remain)
+JSON_PROMPTS = ["Return JSON with name and age of a person.", "List three fruits and their colors as JSON."]
 
 
 @pytest.mark.timeout(600)

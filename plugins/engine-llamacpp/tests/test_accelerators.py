@@ -417,6 +417,6 @@ def test_the_installers_are_registered_and_report_the_build() -> None:
 
     found: dict[str, Any] = {}
     register_engine_installers(lambda i: found.setdefault(i.name, i))
-    assert sorted(found) == ["llamacpp-cuda", "llamacpp-rocm", "llamacpp-vulkan"]
+    assert sorted(found) == ["llamacpp-cuda", "llamacpp-rocm", "llamacpp-rpc", "llamacpp-vulkan"]
     if LlamaServerEngine().probe().available:
         assert found["llamacpp-cuda"].status().startswith("not installed (xllamacpp ")

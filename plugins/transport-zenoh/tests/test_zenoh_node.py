@@ -45,7 +45,8 @@ async def test_two_nodes_over_zenoh(tmp_path: Path) -> None:
         deadline = asyncio.get_running_loop().time() + 10
         while not got:  # the node's own bridge (call_soon_threadsafe -> queue -> pump) delivers it
             assert asyncio.get_running_loop().time() < deadline, "no message crossed the nodes"
-            await first.publish(Topic.COMMANDS, b"hello from the first node")
+            # the transport's broadcast (the node addresses commands to its master alone)
+            await transport.publish(Topic.COMMANDS, b"hello from the first node")
             await asyncio.sleep(0.05)
         assert got[0] == (first.node_id, b"hello from the first node")
         # telemetry readings of each node reach the other over the telemetry plane

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from skulk_kernel.api import Chunk, EngineProbe, ErrorChunk, RunnerSpec, Sharding, TextGenerationParams, TokenChunk
+from skulk_kernel.api import Chunk, EngineProbe, ErrorChunk, RunnerSpec, Sharding, TextGenerationParams
 
 from .admission import TokenGate
 from .engine import LlamaSession, _LlamaEngine
@@ -259,7 +259,9 @@ class RpcDriverSession(LlamaSession):
 
 
 class RpcRankSession:
-    """Rank k > 0: ``ggml-rpc-server`` on loopback, a member tunnel in front of it, no requests."""
+    """Rank k > 0: ``ggml-rpc-server`` on loopback, a member tunnel in front of it. It takes no
+    requests (``LlamaRpcEngine.serves_requests``): it implements no task kind, only `close` and
+    `watch_group`."""
 
     def __init__(self, process: subprocess.Popen[bytes], tunnels: Tunnels, spec: RunnerSpec) -> None:
         self.process = process
@@ -280,16 +282,6 @@ class RpcRankSession:
 
         threading.Thread(target=watch, daemon=True, name="rpc-rank-watch").start()
 
-    def count_tokens(self, params: TextGenerationParams) -> int:
-        return 0  # rank 0 counts and checks the context
-
-    def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        """The driver streams; this rank's part of every request happens inside its rpc-server."""
-        if why := self._why_broken():
-            yield ErrorChunk(command_id=command_id, seq=0, message=why, code=RANK_FAILED)
-            return
-        yield TokenChunk(command_id=command_id, seq=0, text="", finish_reason="stop")
-
     def close(self) -> None:
         self._closing = True
         _stop(self.process)
@@ -305,6 +297,11 @@ class LlamaRpcEngine(_LlamaEngine):
     tasks = frozenset({"TextGeneration"})
     dispatch_width = 64
     splits: frozenset[Sharding] = frozenset({"Pipeline"})
+
+    def serves_requests(self, shard: Any) -> bool:
+        """Only the driver takes requests; a rank's part of each happens inside its rpc-server, so its
+        worker sends it none (its session serves no task kind: it lends memory)."""
+        return bool(shard.device_rank == 0)
 
     def reads_model_files(self, shard: Any) -> bool:
         """Only the driver reads the GGUF; a rank receives its tensors over RPC, so its node stages

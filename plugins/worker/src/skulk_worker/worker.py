@@ -75,8 +75,9 @@ class Worker:
                 return
             runner_id = inst.shard_assignments.node_to_runner.get(self.node.node_id)
             sup = self.runners.get(runner_id) if runner_id else None
-            if sup is not None:
-                sup.submit(event.task)
+            serves = getattr(self.node.engines.get(sup.engine_name), "serves_requests", None) if sup else None
+            if sup is not None and (not callable(serves) or serves(sup.spec.shard)):
+                sup.submit(event.task)  # every rank of a collective; a rank that only lends memory, none
         elif (isinstance(event, TaskStatusUpdated) and event.status == "Cancelled") or isinstance(event, TaskFailed):
             for sup in self.runners.values():
                 sup.cancel(event.task_id)
