@@ -123,6 +123,12 @@ def test_a_hub_download_stops_mid_file_and_resumes(tmp_path: Path, monkeypatch: 
         part = h.partial_path(tmp_path / "dl", "w.bin", model.files[0].sha256)
         kept = part.stat().st_size
         assert 0 < kept < len(blob)  # stopped mid-file, the bytes so far kept
+        # the first response may still be draining into a dead socket on a loaded machine: measure the
+        # resume by what it alone asks for, once the first attempt's count has settled
+        first = -1
+        while (sent := server.sent_for("w.bin")) != first:
+            first = sent
+            time.sleep(0.3)
         server.throttle_bps = 0
         assert h.download_file(model, "w.bin", tmp_path / "dl").read_bytes() == blob
-        assert server.sent_for("w.bin") < 1.2 * len(blob)
+        assert server.sent_for("w.bin") - first <= len(blob) - kept + MB  # the rest only, not the file again
