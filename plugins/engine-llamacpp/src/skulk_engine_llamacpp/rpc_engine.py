@@ -119,7 +119,6 @@ class RpcLlamaServer(LlamaServer):
         self.ngl = ngl
         self.split = split
         self.process: subprocess.Popen[bytes] | None = None
-        self.exited: str | None = None  # why the child went away, once it has
 
     def command(self, port: int) -> list[str]:
         """The server's arguments: the same settings as the in-process server (``_params``)."""
