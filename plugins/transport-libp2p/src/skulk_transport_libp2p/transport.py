@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from skulk_kernel.api import NodeSurface, PeerEvent, Topic
+from skulk_transport_zenoh.counts import MessageCounts  # one counter for both transports
 
 from . import frames
 from .config import Libp2pConfig, bootstrap_multiaddrs, effective_network_version
-from .counts import MessageCounts
 
 if TYPE_CHECKING:
     from .fabric import Fabric
