@@ -48,6 +48,7 @@ from skulk_kernel.api import (
     PlacementRequest,
     PluginDataSet,
     RefuseInstancePlacement,
+    RerankParams,
     RingInstance,
     RunnerId,
     RunnerReady,
@@ -64,6 +65,7 @@ from skulk_kernel.api import (
     TextEmbedding,
     TextGeneration,
     TextGenerationParams,
+    TextRerank,
     TracingStateChanged,
     Transcription,
     Unpark,
@@ -369,6 +371,16 @@ def test_text_embedding_creates_an_embedding_task_and_unparks() -> None:
     decision = decide(serving(), command, view(parked=frozenset({"e1"})))
     assert type(decision.events[0].task).__name__ == "TextEmbeddingTask"  # type: ignore[union-attr]
     assert decision.effects == (Unpark("e1"),)
+
+
+def test_text_rerank_creates_a_rerank_task() -> None:
+    command = TextRerank(
+        command_id=CommandId("r1"),
+        owner_node_id=NodeId("b"),
+        params=RerankParams(model_id=ModelId("m"), query="q", documents=("x", "y")),
+    )
+    decision = decide(serving(), command, view())
+    assert type(decision.events[0].task).__name__ == "TextRerankTask"  # type: ignore[union-attr]
 
 
 def test_cancel_task_cancels_an_open_task_or_unparks_a_waiting_one() -> None:

@@ -29,6 +29,7 @@ def test_task_kind_names_the_kind_engines_declare() -> None:
         api.TranscriptionTask(**ids, params=speech),
         api.ImageGenerationTask(**ids, params=media),
         api.VideoGenerationTask(**ids, params=media),
+        api.TextRerankTask(**ids, params=api.RerankParams(model_id="m", query="q", documents=("a",))),
     ]
     assert [api.task_kind(t) for t in tasks] == list(api.SESSION_PROTOCOLS)
 
@@ -45,6 +46,7 @@ def test_each_protocol_has_only_its_own_methods() -> None:
         "Transcription": {"transcribe"},
         "ImageGeneration": {"generate_image"},
         "VideoGeneration": {"generate_video"},
+        "TextRerank": {"rerank"},
     }
 
 

@@ -19,14 +19,14 @@ from .commands import (
     COMMAND_TYPES, AddCustomModelCard, CancelTask, Command, CommandBase, CreateInstance, DeleteCustomModelCard,
     DeleteInstance, FailInstance, FinishTask, ForwardedCommand, PlaceInstance, RefuseInstancePlacement,
     Request, SetPluginData, SetTracingEnabled, SpeechSynthesis, TextEmbedding, TextGeneration, Transcription,
-    ImageGeneration, VideoGeneration,
+    ImageGeneration, VideoGeneration, TextRerank,
 )
 from .contracts import (
     SESSION_PROTOCOLS, ApiAdapter, Election, EmbeddingSession, Engine, EngineInstaller, EngineProbe, EngineSession,
     ImageGenerationSession, InferenceMiddleware, ModelStore, NodeCapacity, NodeSurface, PeerEvent, PlacementError,
     PlacementRequest, Planner, RunnerSpec, SpeechSynthesisSession, TextGenerationSession, TranscriptionSession,
     Transport, VideoGenerationSession, VisionInput, takes_images, CompletionInput, serves_completions,
-    EosControl, ignores_eos,
+    EosControl, ignores_eos, RerankSession,
 )
 from .decide import (
     Decision, DecisionView, Effect, ForgetNode, Park, Refusal, Reply, Retry, Unpark, decide, derived_id, dispatch,
@@ -67,7 +67,7 @@ from .tasks import (
     TaskBase, TaskStatus, TextEmbeddingTask, TextGenerationParams, TextGenerationTask, TokenChunk, TokenLogprob,
     ToolCall, ToolCallChunk, ToolSpec, TopLogprob, TranscriptChunk, TranscriptionTask, Usage, is_terminal,
     ImageGenerationTask, MediaChunk, MediaParams, ProgressChunk, VideoGenerationTask, task_kind, CompletionParams,
-    PromptChunk,
+    PromptChunk, RerankParams, ScoreChunk, TextRerankTask,
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,

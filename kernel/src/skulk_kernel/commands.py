@@ -13,7 +13,7 @@ from pydantic import Field
 from .ids import CommandId, InstanceId, ModelId, NodeId
 from .instances import Instance, KvCacheType, Sharding
 from .models import ModelCard
-from .tasks import EmbeddingParams, MediaParams, SpeechParams, TextGenerationParams
+from .tasks import EmbeddingParams, MediaParams, RerankParams, SpeechParams, TextGenerationParams
 from .wire import Tagged, WireModel, tagged_union
 
 
@@ -70,6 +70,12 @@ class TextGeneration(CommandBase):
 class TextEmbedding(CommandBase):
     owner_node_id: NodeId
     params: EmbeddingParams
+    instance_id: InstanceId | None = None
+
+
+class TextRerank(CommandBase):
+    owner_node_id: NodeId
+    params: RerankParams
     instance_id: InstanceId | None = None
 
 
@@ -135,10 +141,10 @@ class SetPluginData(CommandBase):
 Command: TypeAlias = (
     PlaceInstance | CreateInstance | DeleteInstance | RefuseInstancePlacement | FailInstance | TextGeneration
     | TextEmbedding | CancelTask | FinishTask | AddCustomModelCard | DeleteCustomModelCard | SetTracingEnabled
-    | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration | SetPluginData
+    | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration | SetPluginData | TextRerank
 )
 Request: TypeAlias = (  # what an API node sends
-    TextGeneration | TextEmbedding | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration
+    TextGeneration | TextEmbedding | SpeechSynthesis | Transcription | ImageGeneration | VideoGeneration | TextRerank
 )
 # fmt: on
 COMMAND_TYPES: tuple[type[CommandBase], ...] = get_args(Command)

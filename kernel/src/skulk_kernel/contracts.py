@@ -19,7 +19,7 @@ from .instances import Instance, RankGroup, Sharding, ShardMetadata
 from .models import ModelCard
 from .outcomes import Outcome
 from .state import State
-from .tasks import Chunk, EmbeddingParams, MediaParams, SpeechParams, TextGenerationParams
+from .tasks import Chunk, EmbeddingParams, MediaParams, RerankParams, SpeechParams, TextGenerationParams
 from .topics import Topic
 
 if TYPE_CHECKING:
@@ -260,6 +260,13 @@ class EmbeddingSession(Protocol):
 
 
 @runtime_checkable
+class RerankSession(Protocol):
+    """Kind `TextRerank`: one terminal ScoreChunk, a relevance score per document."""
+
+    def rerank(self, command_id: str, params: RerankParams) -> Chunk: ...
+
+
+@runtime_checkable
 class SpeechSynthesisSession(Protocol):
     """Kind `SpeechSynthesis`: AudioChunks of the spoken `params.input`, then a terminal chunk."""
 
@@ -296,6 +303,7 @@ SESSION_PROTOCOLS: Mapping[str, type] = {
     "Transcription": TranscriptionSession,
     "ImageGeneration": ImageGenerationSession,
     "VideoGeneration": VideoGenerationSession,
+    "TextRerank": RerankSession,
 }
 """Task kind (`Engine.tasks`, `ModelCard.tasks`, `task_kind(task)`) -> the session Protocol that serves it."""
 

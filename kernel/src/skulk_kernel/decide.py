@@ -363,6 +363,7 @@ def _(command: cmd.RefuseInstancePlacement, state: State, view: DecisionView) ->
 
 @_decide.register(cmd.TextGeneration)
 @_decide.register(cmd.TextEmbedding)
+@_decide.register(cmd.TextRerank)
 @_decide.register(cmd.SpeechSynthesis)
 @_decide.register(cmd.Transcription)
 @_decide.register(cmd.ImageGeneration)

@@ -14,9 +14,12 @@ from pydantic import Field
 from .ids import ModelId
 from .wire import WireModel
 
+# fmt: off
 ModelTask = Literal[
-    "TextGeneration", "TextEmbedding", "SpeechSynthesis", "Transcription", "ImageGeneration", "VideoGeneration"
+    "TextGeneration", "TextEmbedding", "SpeechSynthesis", "Transcription", "ImageGeneration", "VideoGeneration",
+    "TextRerank",
 ]
+# fmt: on
 
 
 class ModelCard(WireModel):

@@ -118,6 +118,14 @@ class EmbeddingParams(WireModel):
     inputs: tuple[str, ...] = Field(min_length=1)
 
 
+class RerankParams(WireModel):
+    """A query scored against each document by a cross-encoder (`/v1/rerank`); ScoreChunk keeps document order."""
+
+    model_id: ModelId
+    query: str = Field(min_length=1)
+    documents: tuple[str, ...] = Field(min_length=1)
+
+
 class SpeechParams(WireModel):
     """A speech request: `input` text to speak, or an upload (sent on the data plane, never in State)."""
 
@@ -161,6 +169,10 @@ class TextEmbeddingTask(TaskBase):
     params: EmbeddingParams
 
 
+class TextRerankTask(TaskBase):
+    params: RerankParams
+
+
 class SpeechSynthesisTask(TaskBase):
     params: SpeechParams
 
@@ -180,7 +192,7 @@ class VideoGenerationTask(TaskBase):
 # fmt: off
 Task: TypeAlias = (
     TextGenerationTask | TextEmbeddingTask | SpeechSynthesisTask | TranscriptionTask | ImageGenerationTask
-    | VideoGenerationTask
+    | VideoGenerationTask | TextRerankTask
 )
 # fmt: on
 tasks_by_name: dict[str, Any] = {t.__name__: t for t in get_args(Task)}
@@ -262,6 +274,10 @@ class EmbeddingChunk(ChunkBase):
     embeddings: tuple[tuple[float, ...], ...]
 
 
+class ScoreChunk(ChunkBase):
+    scores: tuple[float, ...]  # a relevance score per document, in the request's order
+
+
 class PrefillProgressChunk(ChunkBase):
     processed: int
     total: int
@@ -307,7 +323,7 @@ class ErrorChunk(ChunkBase):
 # fmt: off
 Chunk: TypeAlias = (
     TokenChunk | ToolCallChunk | EmbeddingChunk | PrefillProgressChunk | AudioChunk | TranscriptChunk
-    | ProgressChunk | MediaChunk | ErrorChunk | PromptChunk
+    | ProgressChunk | MediaChunk | ErrorChunk | PromptChunk | ScoreChunk
 )
 # fmt: on
 if not TYPE_CHECKING:

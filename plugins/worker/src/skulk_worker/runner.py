@@ -154,6 +154,10 @@ class _Serving:
         self.outq.put(("chunk", task.task_id, self.session.embed(task.command_id, task.params)))
         return "Complete"
 
+    def _rerank(self, task: Any, flag: threading.Event, traced: bool) -> str:
+        self.outq.put(("chunk", task.task_id, self.session.rerank(task.command_id, task.params)))
+        return "Complete"
+
     def _generate(self, task: Any, flag: threading.Event, traced: bool) -> str:
         params = task.params
         if params.completion is not None and not serves_completions(self.session):
@@ -247,6 +251,7 @@ def _streamed(method: str) -> Callable[[_Serving, Any, threading.Event, bool], s
 _SERVE: dict[str, Callable[[_Serving, Any, threading.Event, bool], str]] = {
     "TextGeneration": _Serving._generate,  # count, check the context, then stream
     "TextEmbedding": _Serving._embed,  # one chunk
+    "TextRerank": _Serving._rerank,  # one chunk: a score per document
     "SpeechSynthesis": _streamed("synthesize"),  # speech engines (plugins/speech)
     "Transcription": _streamed("transcribe"),
     "ImageGeneration": _streamed("generate_image"),  # media engines: progress, then the file
