@@ -143,7 +143,8 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
     resources = {"backends": tuple(splits), "splits": splits, "addresses": _addresses(),
                  "engine_builds": dict(facts.get("engine_builds", {})), "data_transport": node.transports["data"].name,
                  "api_available": bool(facts.get("api_available")), "api_port": facts.get("api_port"),
-                 "models_present": tuple(facts.get("models_present", ()))}  # fmt: skip
+                 "models_present": tuple(facts.get("models_present", ())),
+                 "capabilities": tuple(facts.get("capabilities", ()))}  # fmt: skip
     gpus = [g for g in facts.get("gpus", ()) if g.get("vram_total_bytes")]
     if gpus:
         resources["vram_total"] = sum(g["vram_total_bytes"] for g in gpus)

@@ -54,6 +54,7 @@ class NodeResources(Tagged):
     vram_total: int | None = None  # bytes over this node's GPUs (None: no GPU seen); a pool of its own
     vram_available: int | None = None
     models_present: tuple[str, ...] = ()  # model ids whose files this node holds (the store bounds it)
+    capabilities: tuple[str, ...] = ()  # provider capabilities ready here (id@version), from facts
 
 
 class NodeDisk(Tagged):

@@ -24,6 +24,7 @@ class Topic(StrEnum):
     STATE_SYNC = "state_sync"
     READINGS = "readings"
     CHUNKS = "chunks"
+    PROVIDER = "provider"  # capability call frames between nodes (skulk_providers); never in State
 
     @property
     def plane(self) -> Plane:
@@ -39,4 +40,5 @@ _PLANE_OF = {
     Topic.STATE_SYNC: Plane.CONTROL,
     Topic.READINGS: Plane.TELEMETRY,
     Topic.CHUNKS: Plane.DATA,
+    Topic.PROVIDER: Plane.DATA,
 }
