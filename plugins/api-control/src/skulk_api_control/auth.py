@@ -170,6 +170,8 @@ def route_scope(method: str, path: str) -> Scope | None:
         return "inference"
     if path.startswith(_INFERENCE_POST):
         return "inference"
+    if path.startswith(("/v1/files", "/v1/batches")):  # the Batch API (plugin batch): every method
+        return "inference"
     if method in ("GET", "HEAD") and (path.startswith("/v1/models") or path == "/v1/audio/voices"):
         return "inference"
     return "operator"
