@@ -70,7 +70,8 @@ from .tasks import (
     PromptChunk, RerankParams, ScoreChunk, TextRerankTask,
 )
 from .telemetry import (
-    DownloadProgress, Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading,
+    DownloadProgress, Memory, NodeDisk, NodeHealthNotes, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources,
+    NodeSystem, Reading,
 )
 from .topics import Plane, Topic
 from .wire import Tagged, WireModel, tagged_union

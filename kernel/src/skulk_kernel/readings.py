@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from . import codec
+from . import codec, telemetry
 from .telemetry import Memory, NodeDisk, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources, NodeSystem, Reading
 
 if TYPE_CHECKING:
@@ -149,6 +149,7 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
     if gpus:
         resources["vram_total"] = sum(g["vram_total_bytes"] for g in gpus)
         resources["vram_available"] = sum(g.get("vram_free_bytes") or 0 for g in gpus)
+    notes = {p: {c: m[:500] for c, m in list(n.items())[:8]} for p, n in list(node.health_notes.items())[:16]}
     identity = NodeIdentity(node_id=nid, friendly_name=node.options.node_name, skulk_version=kernel_version(),
                             skulk_commit=commit, network_version=network)  # fmt: skip
     return [
@@ -157,5 +158,6 @@ def probe_readings(node: Node, splits: dict[str, tuple[str, ...]]) -> list[Any]:
         NodeSystem(node_id=nid, **system),
         NodeResources(node_id=nid, **resources),
         NodeDisk(node_id=nid, models_dir=models_dir, total_bytes=disk.total, free_bytes=disk.free),
+        telemetry.NodeHealthNotes(node_id=nid, notes=notes),  # sent on change (SendFilter)
         NodeHeartbeat(node_id=nid),
     ]

@@ -68,6 +68,11 @@ class NodeHeartbeat(Tagged):
     node_id: NodeId
 
 
+class NodeHealthNotes(Tagged):  # node.health_notes, so every node's /state names every node's problems
+    node_id: NodeId
+    notes: dict[str, dict[str, str]] = Field(default_factory=dict)  # plugin -> {code: message}, bounded
+
+
 class DownloadProgress(Tagged):
     node_id: NodeId
     model_id: str
@@ -76,8 +81,7 @@ class DownloadProgress(Tagged):
     phase: str = ""
 
 
-Reading: TypeAlias = (
-    NodeIdentity | NodeMemory | NodeSystem | NodeResources | NodeDisk | NodeHeartbeat | DownloadProgress
-)
+_Probed: TypeAlias = NodeIdentity | NodeMemory | NodeSystem | NodeResources | NodeDisk | NodeHeartbeat
+Reading: TypeAlias = _Probed | DownloadProgress | NodeHealthNotes
 if not TYPE_CHECKING:
     Reading = tagged_union(Reading)

@@ -12,6 +12,7 @@ from typing import Any
 from skulk_kernel.api import (
     DownloadProgress,
     NodeDisk,
+    NodeHealthNotes,
     NodeHeartbeat,
     NodeIdentity,
     NodeMemory,
@@ -35,6 +36,30 @@ def master_log_status(node: NodeSurface) -> Any:
     """The master plugin's event-log status on the master, else None (the log is the master's)."""
     master = node.services.get(MASTER) if node.is_master else None
     return master.event_log_status() if master is not None else None
+
+
+def plugin_reasons(node: NodeSurface, node_id: str) -> list[dict[str, Any]]:
+    """What `node_id`'s plugins report (version mismatch, hardware conflict, refused peers, disk,
+    registry): this node's own notes, another node's from its `NodeHealthNotes` reading (sent on
+    change), so any node's /state names every node's problems. Each reason names its node."""
+    if node_id == node.node_id:
+        notes = node.health_notes
+    else:
+        got = node.readings.get(NodeHealthNotes, node_id)
+        notes = got.reading.notes if got is not None else {}
+    identity = node.readings.get(NodeIdentity, node_id)
+    name = identity.reading.friendly_name if identity is not None else node_id
+    return [
+        {
+            "level": "warn",
+            "message": f"{plugin}: " + "; ".join(f"{code}: {text}" for code, text in sorted(plugin_notes.items())),
+            "remediation": f"see GET /v1/diagnostics/node on {name}",
+            "node": node_id,
+            "nodeName": name,
+        }
+        for plugin, plugin_notes in sorted(notes.items())
+        if plugin_notes
+    ]
 
 
 def node_health(node: NodeSurface, node_id: str, state: Any) -> dict[str, Any]:
@@ -78,10 +103,7 @@ def node_health(node: NodeSurface, node_id: str, state: Any) -> dict[str, Any]:
                     "remediation": "free disk space under SKULK_HOME and restart the node",
                 }
             )
-        for plugin, note in node.health_notes.items():  # plugin-reported conditions (e.g. version mismatch)
-            reasons.append(
-                {"level": "warn", "message": f"{plugin}: {note}", "remediation": "see GET /v1/diagnostics/node"}
-            )
+    reasons += plugin_reasons(node, node_id)
     level = "error" if any(r["level"] == "error" for r in reasons) else "warn" if reasons else "ok"
     return {"level": level, "reasons": reasons}
 
