@@ -14,10 +14,12 @@ The file service is HTTP on each node's API port:
 * `GET /store/peer/files/{model_id}?file=NAME` with `Authorization: Bearer TOKEN`: the file, with
   `Range` requests (206).
 
-The requester splits every file into ranges and fetches them from all holders at once (two
-connections each), writes them in place, and checks each file's SHA-256 against the holder's
-sidecar manifest and the card's pinned hashes. A file that fails is fetched again from one source
-at a time, so a holder with a damaged copy is found and skipped.
+The holder serves the bytes from a file server of its own (`peer_files.py`: `sendfile`, keep-alive,
+ranges). The requester (`rangecopy.py`) fetches every file in ranges from all holders at once
+(several ranges in flight each), writes them in place, hashes them as they land, and checks each
+file's SHA-256 against the holder's sidecar manifest and the card's pinned hashes; an interrupted
+copy resumes from its finished ranges. A file that fails the check is fetched again from one
+source at a time, so a holder with a damaged copy is found and skipped.
 """
 
 from __future__ import annotations
@@ -25,33 +27,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
-import re
 import secrets
 import shutil
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import quote, urlparse
 
 from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse
 from skulk_kernel.api import ModelCard, NodeResources, NodeSurface, TokenChunk, new_id
 
+from .peer_files import FileServer, Refused, Served
 from .plugin import STORE_PEER
-from .store import Progress, sha256_file
+from .rangecopy import FileCopy, RangeSource
+from .store import Progress
 
 if TYPE_CHECKING:
     from .store import LocalModelStore
 
 log = logging.getLogger("skulk.store.peer")
 TOKEN_TTL_S = 600.0
-RANGE_BYTES = 4 << 20
-CONNECTIONS_PER_SOURCE = 2
 INVENTORY_LIMIT = 512
 
 
@@ -74,28 +72,30 @@ class PeerServer:
     grants: dict[str, Grant] = field(default_factory=dict)
     served: Counter[str] = field(default_factory=Counter)
     data_port: int | None = None
-    _http: Any = None
+    _files: FileServer | None = None
 
     def start(self, host: str) -> None:
         """The file server: its own port, a thread per connection, `sendfile` for the bytes (the
         API's ASGI stack copies every block through Python; this keeps a copy near the wire)."""
-        from http.server import ThreadingHTTPServer
-
-        peer = self
-
-        class Handler(_FileHandler):
-            owner = peer
-
-        self._http = ThreadingHTTPServer((host, 0), Handler)
-        self._http.daemon_threads = True
-        self.data_port = int(self._http.server_address[1])
-        threading.Thread(target=self._http.serve_forever, name="store-peer-files", daemon=True).start()
+        self._files = FileServer(self.resolve, self._count)
+        self.data_port = self._files.start(host)
 
     def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        if self._files is not None:
+            self._files.stop()
+            self._files = None
+
+    def _count(self, requester: str, n: int) -> None:
+        self.served[requester] += n
+
+    def resolve(self, token: str, model_id: str, name: str) -> Served | Refused:
+        """The file server's question: may this token read this file, and where is it."""
+        grant = self.authorize(token, model_id)
+        if grant is None:
+            return Refused(403, "no valid transfer token for this model (ask /store/peer/grant)")
+        if name not in self.store.manifest(model_id):
+            return Refused(404, f"{name!r} is not a file of {model_id}")
+        return Served(self.store.folder(model_id) / name, grant.requester)
 
     async def grant(self, model_id: str, requester: str, stream: str) -> tuple[int, dict[str, Any]]:
         now = time.monotonic()
@@ -169,51 +169,6 @@ def add_peer_routes(app: Any, node: NodeSurface) -> None:
         path = peer.store.folder(model_id) / file
         peer.served[grant.requester] += _range_length(request.headers.get("range"), path.stat().st_size)
         return FileResponse(path, media_type="application/octet-stream")
-
-
-class _FileHandler(BaseHTTPRequestHandler):
-    """`GET /files/{model_id}?file=NAME` with a Bearer token and a Range: 206 by sendfile."""
-
-    owner: PeerServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _refuse(self, status: int, message: str) -> None:
-        data = message.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        url = urlparse(self.path)
-        model_id = unquote(url.path.removeprefix("/files/"))
-        name = (parse_qs(url.query).get("file") or [""])[0]
-        token = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        grant = self.owner.authorize(token, model_id)
-        if grant is None:
-            return self._refuse(403, "no valid transfer token for this model")
-        if name not in self.owner.store.manifest(model_id):
-            return self._refuse(404, f"{name!r} is not a file of {model_id}")
-        path = self.owner.store.folder(model_id) / name
-        size = path.stat().st_size
-        start, end = 0, size - 1
-        m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
-        if m:
-            start, end = int(m[1]), min(int(m[2]) if m[2] else size - 1, size - 1)
-        if start > end:
-            return self._refuse(416, "range outside the file")
-        self.send_response(206 if m else 200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(end - start + 1))
-        if m:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.end_headers()
-        with open(path, "rb") as f:
-            self.connection.sendfile(f, start, end - start + 1)
-        self.owner.served[grant.requester] += end - start + 1
 
 
 def _range_length(header: str | None, size: int) -> int:
@@ -335,7 +290,7 @@ class PeerFetcher:
         reporter = store._reporter(card.model_id, {n: int(m["size"]) for n, m in files.items()}, "copying from peers")
         began = time.monotonic()
         for name, meta in files.items():
-            if not self._copy_file(card.model_id, name, meta, staging, sources, reporter, progress):
+            if not copy_file(card.model_id, name, meta, staging, sources, reporter, progress):
                 log.warning("no peer gave a good copy of %s/%s", card.model_id, name)
                 return None
         total = sum(int(m["size"]) for m in files.values())
@@ -353,115 +308,67 @@ class PeerFetcher:
         shutil.rmtree(staging / ".peer", ignore_errors=True)
         return staging
 
-    def _copy_file(
-        self,
-        model_id: str,
-        name: str,
-        meta: dict[str, Any],
-        staging: Path,
-        sources: list[Source],
-        reporter: Any,
-        progress: Progress,
-    ) -> bool:
-        """All sources at once, then (if the hash is wrong) each source alone until one is right."""
-        size, want = int(meta["size"]), str(meta["sha256"])
-        part = staging / ".peer" / (name.replace("/", "--") + ".part")
-        part.parent.mkdir(parents=True, exist_ok=True)
-        attempts = [[s for s in sources if not s.broken]] + [[s] for s in sources]
-        for group in attempts:
-            group = [s for s in group if not s.broken]
-            if not group:
-                continue
-            if not self._fetch_ranges(model_id, name, size, part, group, reporter, progress):
-                continue
-            if sha256_file(part) == want:
-                target = staging / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(part, target)
-                return True
+
+def copy_file(
+    model_id: str,
+    name: str,
+    meta: dict[str, Any],
+    staging: Path,
+    sources: list[Source],
+    reporter: Any,
+    progress: Progress,
+) -> bool:
+    """All sources at once, then (if the hash is wrong) each source alone until one is right.
+
+    The partial file and its record of finished ranges stay in `staging/.peer` when no source
+    could finish it, so the next copy (after a restart, or from other members) resumes there.
+    """
+    size, want = int(meta["size"]), str(meta["sha256"])
+    part = staging / ".peer" / (name.replace("/", "--") + ".part")
+    attempts = [[s for s in sources if not s.broken]] + [[s] for s in sources]
+    for group in attempts:
+        group = [s for s in group if not s.broken]
+        if not group:
+            continue
+        ranged = [_range_source(s, model_id, name) for s in group]
+        copy = FileCopy(part, size, want, ranged, lambda done: reporter.update({name: done}, progress))
+        result = copy.run()
+        reporter.update({name: copy.done_bytes}, progress, done=result.status == "ok")
+        for src, r in zip(group, ranged, strict=True):
+            src.sent += r.received
+            src.broken = src.broken or r.broken
+        if result.resumed_bytes:
+            log.info("%s/%s: resumed with %.1f MB already here", model_id, name, result.resumed_bytes / 1e6)
+        if result.status == "ok":
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, target)
+            return True
+        if result.status == "incomplete":
             log.warning(
-                "%s/%s from %s failed SHA-256 verification; fetching it again",
+                "%s/%s: no source could finish it (%s); %.1f MB kept for a resume",
                 model_id,
                 name,
-                [s.node_id[:8] for s in group],
+                {r.node_id[:8]: r.last_error for r in ranged if r.last_error},
+                copy.done_bytes / 1e6,
             )
-            if len(group) == 1:
-                group[0].broken = True
-        return False
+            continue
+        log.warning(
+            "%s/%s from %s failed SHA-256 verification; fetching it again",
+            model_id,
+            name,
+            [s.node_id[:8] for s in group],
+        )
+        if len(group) == 1:
+            group[0].broken = True
+    return False
 
-    def _fetch_ranges(
-        self,
-        model_id: str,
-        name: str,
-        size: int,
-        part: Path,
-        group: list[Source],
-        reporter: Any,
-        progress: Progress,
-    ) -> bool:
-        import httpx
 
-        with open(part, "wb") as f:
-            f.truncate(size)
-        work: queue.Queue[tuple[int, int]] = queue.Queue()
-        for start in range(0, size, RANGE_BYTES):
-            work.put((start, min(start + RANGE_BYTES, size) - 1))
-        done_bytes = [0]
-        lock = threading.Lock()
-        failures: Counter[str] = Counter()
-
-        def worker(src: Source) -> None:
-            fd = os.open(part, os.O_WRONLY)
-            try:
-                with httpx.Client(timeout=httpx.Timeout(30, connect=3)) as client:
-                    while not src.broken:
-                        try:
-                            start, end = work.get_nowait()
-                        except queue.Empty:
-                            return
-                        try:
-                            got = self._range(client, src, model_id, name, start, end, fd)
-                        except Exception as exc:
-                            work.put((start, end))
-                            failures[src.node_id] += 1
-                            if failures[src.node_id] >= 3:
-                                log.warning("peer %s keeps failing (%s); dropping it", src.node_id[:8], exc)
-                                src.broken = True
-                            continue
-                        with lock:
-                            src.sent += got
-                            done_bytes[0] += got
-            finally:
-                os.close(fd)
-
-        threads = [
-            threading.Thread(target=worker, args=(src,), name=f"peer-copy-{src.node_id[:8]}", daemon=True)
-            for src in group
-            for _ in range(CONNECTIONS_PER_SOURCE)
-        ]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(0.5)
-            reporter.update({name: done_bytes[0]}, progress)
-        reporter.update({name: done_bytes[0]}, progress, done=True)
-        return work.empty() and done_bytes[0] == size
-
-    @staticmethod
-    def _range(client: Any, src: Source, model_id: str, name: str, start: int, end: int, fd: int) -> int:
-        headers = {"Authorization": f"Bearer {src.token}", "Range": f"bytes={start}-{end}"}
-        url = f"{src.base_url}/{model_id}"
-        offset = start
-        with client.stream("GET", url, params={"file": name}, headers=headers) as response:
-            if response.status_code != 206:
-                raise RuntimeError(f"peer answered {response.status_code} to a range request")
-            for block in response.iter_bytes(1 << 20):
-                os.pwrite(fd, block, offset)
-                offset += len(block)
-        if offset != end + 1:
-            raise RuntimeError(f"short range: {offset - start} of {end - start + 1} bytes")
-        return offset - start
+def _range_source(src: Source, model_id: str, name: str) -> RangeSource:
+    """Where `src` serves one file: its file server's address and the request target."""
+    url = urlparse(src.base_url)
+    target = f"{url.path}/{quote(model_id, safe='/')}?file={quote(name, safe='')}"
+    return RangeSource(src.node_id, url.hostname or "127.0.0.1", url.port or 80, target, src.token)
 
 
 async def _first_text(stream: Any) -> str:

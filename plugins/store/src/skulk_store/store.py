@@ -279,6 +279,7 @@ class LocalModelStore:
                     f"{card.model_id} is not on this node or on any member, and the node is offline "
                     "(--offline): copy it from a member or start the node online once"
                 )
+            shutil.rmtree(staging / ".peer", ignore_errors=True)  # a partial peer copy is not the hub's
             folder = self.downloads.fetch(card, name, progress)
         return self.adopt(card, folder)
 

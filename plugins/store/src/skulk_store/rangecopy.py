@@ -1,0 +1,337 @@
+"""The requester's data path of a peer copy: one file, in byte ranges, from several members at once.
+
+What makes it run at the wire's speed rather than Python's:
+
+* **Straight into the file.** The file is preallocated (`posix_fallocate`) and every connection
+  reads with `recv_into` into one reused buffer and writes it at its offset with `os.pwrite`: one
+  copy out of the socket, one into the page cache, nothing allocated per block. (An HTTP client
+  library parses and copies each block, a few times; the responses here are plain
+  `Content-Length` bodies from our own file server, so a small HTTP/1.1 reader is enough.)
+* **Several ranges in flight per source**, each on its own keep-alive connection, so the round trip
+  between two ranges never idles the link, and **every source at once**: the ranges are handed out
+  in file order to whichever connection is free, so faster members take more.
+* **The SHA-256 overlaps the transfer.** A hashing thread follows the contiguous prefix of finished
+  ranges and hashes it from the page cache while later ranges are still arriving; when the last
+  range lands only that range's tail is left to hash.
+* **Resume.** The finished ranges are recorded next to the partial file (`<part>.ranges`, rewritten
+  every half second); a copy interrupted by a kill, or by every source failing, continues from
+  there with whatever sources are available next time. A record that names another size or digest
+  is ignored.
+* **A source that fails** (refused, closed, timed out) gives its range back to the others; after
+  `MAX_FAILURES` it is dropped. An HTTP refusal (403: the token is no longer valid) drops it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger("skulk.store.rangecopy")
+RANGE_BYTES = 8 << 20
+IN_FLIGHT_PER_SOURCE = 3
+RECV_BYTES = 1 << 20
+HASH_BYTES = 4 << 20
+MAX_FAILURES = 3
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 30.0
+RECORD_EVERY_S = 0.5
+
+
+class Refusal(Exception):
+    """The source answered, but not with the range: a definitive no."""
+
+
+@dataclass
+class RangeSource:
+    """One member's file server, for one file: where to connect, what to ask, with which token."""
+
+    node_id: str
+    host: str
+    port: int
+    target: str  # the request target: "/files/{model_id}?file=NAME"
+    token: str
+    received: int = 0
+    failures: int = 0
+    broken: bool = False
+    last_error: str = ""
+
+
+@dataclass
+class CopyResult:
+    status: Literal["ok", "mismatch", "incomplete"]
+    digest: str = ""
+    resumed_bytes: int = 0  # bytes a previous, interrupted copy had already written
+    received: dict[str, int] = field(default_factory=dict)  # node id -> bytes this copy received
+
+
+class _Connection:
+    """A keep-alive HTTP/1.1 connection to one source that reads range bodies into a file."""
+
+    def __init__(self, src: RangeSource) -> None:
+        self.src = src
+        self.sock: socket.socket | None = None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.sock = None
+
+    def fetch(self, start: int, end: int, fd: int, buf: memoryview) -> int:
+        src = self.src
+        if self.sock is None:
+            self.sock = socket.create_connection((src.host, src.port), timeout=CONNECT_TIMEOUT_S)
+            self.sock.settimeout(READ_TIMEOUT_S)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self.sock
+        sock.sendall(
+            f"GET {src.target} HTTP/1.1\r\nHost: {src.host}:{src.port}\r\n"
+            f"Authorization: Bearer {src.token}\r\nRange: bytes={start}-{end}\r\n\r\n".encode()
+        )
+        status, headers, extra = self._head(sock)
+        length = int(headers.get("content-length", "-1"))
+        if status != 206:
+            body = extra + (sock.recv(min(max(length - len(extra), 0), 4096)) if length > len(extra) else b"")
+            self.close()
+            raise Refusal(f"{status} {body[:300].decode(errors='replace')}")
+        if length != end - start + 1 or not headers.get("content-range", "").startswith(f"bytes {start}-{end}/"):
+            self.close()
+            raise ConnectionError(f"asked bytes {start}-{end}, got {length} bytes ({headers.get('content-range')})")
+        offset = start
+        if extra:
+            _pwrite_all(fd, memoryview(extra), offset)
+            offset += len(extra)
+        stop = end + 1
+        while offset < stop:
+            n = sock.recv_into(buf, min(len(buf), stop - offset))
+            if not n:
+                self.close()
+                raise ConnectionError(f"the source closed the connection {stop - offset} bytes before the range's end")
+            _pwrite_all(fd, buf[:n], offset)
+            offset += n
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return length
+
+    @staticmethod
+    def _head(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            block = sock.recv(65536)
+            if not block:
+                raise ConnectionError("the source closed the connection before answering")
+            data += block
+            if len(data) > 65536:
+                raise ConnectionError("the source's answer has no end of headers")
+        head, _, extra = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        return int(parts[1]), headers, extra
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+class FileCopy:
+    """Copy one file of `size` bytes with SHA-256 `sha256` into `part` from `sources`; `run()` once."""
+
+    def __init__(
+        self,
+        part: Path,
+        size: int,
+        sha256: str,
+        sources: list[RangeSource],
+        on_progress: Callable[[int], None] | None = None,
+        range_bytes: int = RANGE_BYTES,
+        in_flight: int = IN_FLIGHT_PER_SOURCE,
+    ) -> None:
+        self.part, self.size, self.sha256 = part, size, sha256
+        self.record = part.with_name(part.name + ".ranges")
+        self.sources = sources
+        self.on_progress = on_progress or (lambda done: None)
+        self.range_bytes, self.in_flight = range_bytes, in_flight
+        self.n = -(-size // range_bytes)
+        self.done = bytearray(self.n)
+        self.pending: deque[int] = deque()
+        self.active = 0
+        self.done_bytes = 0
+        self.cond = threading.Condition()
+        self.stopped = False
+
+    def _bounds(self, i: int) -> tuple[int, int]:
+        return i * self.range_bytes, min((i + 1) * self.range_bytes, self.size) - 1
+
+    # ------------------------------------------------------------------ resume record
+
+    def _load(self) -> int:
+        """Mark the ranges a previous copy finished (its record must match); the bytes they hold."""
+        try:
+            rec = json.loads(self.record.read_text())
+            matches = (rec["size"], rec["sha256"], rec["range_bytes"]) == (self.size, self.sha256, self.range_bytes)
+            if matches and self.part.stat().st_size == self.size:
+                for i in rec["done"]:
+                    if 0 <= int(i) < self.n:
+                        self.done[int(i)] = 1
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        resumed = sum(self._bounds(i)[1] - self._bounds(i)[0] + 1 for i in range(self.n) if self.done[i])
+        if not resumed:
+            self.part.unlink(missing_ok=True)
+        return resumed
+
+    def _save(self) -> None:
+        with self.cond:
+            done = [i for i in range(self.n) if self.done[i]]
+        rec = {"size": self.size, "sha256": self.sha256, "range_bytes": self.range_bytes, "done": done}
+        tmp = self.record.with_name(self.record.name + ".tmp")
+        tmp.write_text(json.dumps(rec, separators=(",", ":")))
+        os.replace(tmp, self.record)
+
+    def discard(self) -> None:
+        self.part.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ work
+
+    def _take(self, src: RangeSource) -> int | None:
+        with self.cond:
+            while True:
+                if src.broken or self.stopped:
+                    return None
+                if self.pending:
+                    self.active += 1
+                    return self.pending.popleft()
+                if not self.active:
+                    return None
+                self.cond.wait(0.5)
+
+    def _finish(self, i: int, ok: bool) -> None:
+        with self.cond:
+            self.active -= 1
+            if ok:
+                self.done[i] = 1
+                start, end = self._bounds(i)
+                self.done_bytes += end - start + 1
+            else:
+                self.pending.appendleft(i)  # next to be taken: the hash waits for it
+            self.cond.notify_all()
+
+    def _worker(self, src: RangeSource, fd: int) -> None:
+        conn = _Connection(src)
+        buf = memoryview(bytearray(RECV_BYTES))
+        try:
+            while (i := self._take(src)) is not None:
+                start, end = self._bounds(i)
+                try:
+                    got = conn.fetch(start, end, fd, buf)
+                except Exception as exc:
+                    conn.close()
+                    with self.cond:
+                        src.failures += 1
+                        src.last_error = f"{type(exc).__name__}: {exc}"
+                        if isinstance(exc, Refusal) or src.failures >= MAX_FAILURES:
+                            if not src.broken:
+                                log.warning("dropping source %s: %s", src.node_id[:8], src.last_error)
+                            src.broken = True
+                    self._finish(i, False)
+                    continue
+                with self.cond:
+                    src.received += got
+                self._finish(i, True)
+        finally:
+            conn.close()
+
+    def _hasher(self, digest: hashlib._Hash) -> None:
+        """Hash the file in order, each range as soon as it and every range before it have landed."""
+        buf = bytearray(HASH_BYTES)
+        view = memoryview(buf)
+        with open(self.part, "rb", buffering=0) as f:
+            for i in range(self.n):
+                with self.cond:
+                    while not self.done[i]:
+                        if self.stopped:
+                            return
+                        self.cond.wait(0.5)
+                start, end = self._bounds(i)
+                offset = start
+                while offset <= end:
+                    n = os.preadv(f.fileno(), [view[: min(HASH_BYTES, end + 1 - offset)]], offset)
+                    if not n:
+                        raise OSError(f"{self.part} is shorter than {self.size} bytes")
+                    digest.update(view[:n])
+                    offset += n
+
+    def run(self) -> CopyResult:
+        self.part.parent.mkdir(parents=True, exist_ok=True)
+        resumed = self._load()
+        fd = os.open(self.part, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != self.size:
+                os.ftruncate(fd, 0)
+                if self.size:  # the blocks reserved up front: no growth, no fragments, ENOSPC now
+                    with contextlib.suppress(OSError):  # a filesystem without it: a sparse file
+                        os.posix_fallocate(fd, 0, self.size)
+                os.ftruncate(fd, self.size)
+            self.pending.extend(i for i in range(self.n) if not self.done[i])
+            self.done_bytes = resumed
+            digest = hashlib.sha256()
+            hash_error: list[BaseException] = []
+
+            def hash_all() -> None:
+                try:
+                    self._hasher(digest)
+                except BaseException as exc:  # reported as a failed copy below
+                    hash_error.append(exc)
+
+            hasher = threading.Thread(target=hash_all, name="peer-copy-hash", daemon=True)
+            hasher.start()
+            workers = [
+                threading.Thread(target=self._worker, args=(src, fd), name=f"peer-copy-{src.node_id[:8]}", daemon=True)
+                for src in self.sources
+                if not src.broken
+                for _ in range(self.in_flight)
+            ]
+            for t in workers:
+                t.start()
+            saved = time.monotonic()
+            while alive := [t for t in workers if t.is_alive()]:
+                alive[0].join(0.1)
+                if time.monotonic() - saved >= RECORD_EVERY_S:
+                    saved = time.monotonic()
+                    self._save()
+                    self.on_progress(self.done_bytes)
+            complete = all(self.done)
+            if not complete:
+                with self.cond:
+                    self.stopped = True
+                    self.cond.notify_all()
+            hasher.join()
+            self._save()
+            self.on_progress(self.done_bytes)
+        finally:
+            os.close(fd)
+        received = {s.node_id: s.received for s in self.sources}
+        if not complete or hash_error:
+            return CopyResult("incomplete", resumed_bytes=resumed, received=received)
+        if digest.hexdigest() != self.sha256:
+            self.discard()
+            return CopyResult("mismatch", digest.hexdigest(), resumed, received)
+        self.record.unlink(missing_ok=True)
+        return CopyResult("ok", digest.hexdigest(), resumed, received)

@@ -1,0 +1,160 @@
+"""The peer copy's data path between real processes: bytes equal, a bad digest refused, a copy
+resumed mid-file, and a source killed mid-copy replaced by the other.
+
+Each holder is the store's own file server (`skulk_store.peer_files`) in a process of its own
+(`peer_file_server.py`), killed with SIGKILL where a test needs a member to die; the requester is
+`skulk_store.rangecopy.FileCopy` (and `peer.copy_file`, which retries one source at a time).
+Speed is the bench's business (`bench/bench_peer_copy.py`); these only check what arrives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from skulk_store.peer import Source, copy_file
+from skulk_store.rangecopy import FileCopy, RangeSource
+
+HERE = Path(__file__).parent
+TOKEN = "t0ken"
+SIZE = 24 << 20
+RANGE = 1 << 20
+
+
+class Holder:
+    """A file server process serving `dir` as model `m`."""
+
+    def __init__(self, folder: Path, rate: float = 0.0) -> None:
+        argv = [sys.executable, str(HERE / "peer_file_server.py"), str(folder), TOKEN]
+        if rate:
+            argv += ["--rate", str(rate)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def source(self, name: str, node_id: str) -> RangeSource:
+        return RangeSource(node_id, "127.0.0.1", self.port, f"/files/m?file={name}", TOKEN)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def holders() -> Iterator[list[Holder]]:
+    made: list[Holder] = []
+    yield made
+    for h in made:
+        h.kill()
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> tuple[Path, str]:
+    folder = tmp_path / "holder"
+    folder.mkdir()
+    blob = os.urandom(SIZE)
+    (folder / "w.bin").write_bytes(blob)
+    return folder, hashlib.sha256(blob).hexdigest()
+
+
+def _when(check, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.02)
+
+
+def test_two_sources_give_the_same_bytes(tmp_path: Path, holders: list[Holder], data: tuple[Path, str]) -> None:
+    folder, digest = data
+    holders += [Holder(folder), Holder(folder)]
+    sources = [h.source("w.bin", f"node-{i}") for i, h in enumerate(holders)]
+    part = tmp_path / "req" / "w.bin.part"
+    result = FileCopy(part, SIZE, digest, sources, range_bytes=RANGE, in_flight=2).run()
+    assert result.status == "ok" and result.digest == digest
+    assert part.read_bytes() == (folder / "w.bin").read_bytes()
+    assert sum(result.received.values()) == SIZE
+    assert not part.with_name("w.bin.part.ranges").exists()
+
+
+def test_a_wrong_digest_is_refused_and_the_damaged_holder_skipped(
+    tmp_path: Path, holders: list[Holder], data: tuple[Path, str]
+) -> None:
+    folder, digest = data
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    blob = bytearray((folder / "w.bin").read_bytes())
+    blob[SIZE // 2] ^= 0xFF
+    (damaged / "w.bin").write_bytes(bytes(blob))
+    bad, good = Holder(damaged), Holder(folder)
+    holders += [bad, good]
+
+    part = tmp_path / "req" / "w.bin.part"
+    result = FileCopy(part, SIZE, digest, [bad.source("w.bin", "bad")], range_bytes=RANGE).run()
+    assert result.status == "mismatch" and result.digest != digest
+    assert not part.exists(), "a copy that fails its digest is not kept"
+
+    # through the store's retry: all at once, then one at a time; the damaged one is dropped
+    sources = [
+        Source(name, f"http://127.0.0.1:{h.port}/files", TOKEN, {}) for name, h in (("bad", bad), ("good", good))
+    ]
+    reporter = _Reporter()
+    staging = tmp_path / "staging"
+    ok = copy_file("m", "w.bin", {"size": SIZE, "sha256": digest}, staging, sources, reporter, lambda *a: None)
+    assert ok and (staging / "w.bin").read_bytes() == (folder / "w.bin").read_bytes()
+    assert not sources[1].broken
+    if sources[0].sent >= SIZE // 2:  # it served the damaged range in the first attempt
+        assert sources[0].broken
+
+
+def test_a_copy_resumes_mid_file(tmp_path: Path, holders: list[Holder], data: tuple[Path, str]) -> None:
+    folder, digest = data
+    slow = Holder(folder, rate=8e6)
+    holders.append(slow)
+    part = tmp_path / "req" / "w.bin.part"
+    src = slow.source("w.bin", "slow")
+    killer = threading.Thread(target=lambda: (_when(lambda: src.received >= 8 << 20, 30), slow.kill()))
+    killer.start()
+    first = FileCopy(part, SIZE, digest, [src], range_bytes=RANGE, in_flight=2).run()
+    killer.join()
+    assert first.status == "incomplete" and src.broken
+    kept = first.received["slow"]
+    assert 8 << 20 <= kept < SIZE
+
+    fresh = Holder(folder)
+    holders.append(fresh)
+    again = FileCopy(part, SIZE, digest, [fresh.source("w.bin", "fresh")], range_bytes=RANGE).run()
+    assert again.status == "ok" and again.resumed_bytes >= 8 << 20
+    assert again.received["fresh"] == SIZE - again.resumed_bytes, "only the missing ranges crossed"
+    assert part.read_bytes() == (folder / "w.bin").read_bytes()
+
+
+def test_a_source_killed_mid_copy_is_replaced_by_the_other(
+    tmp_path: Path, holders: list[Holder], data: tuple[Path, str]
+) -> None:
+    folder, digest = data
+    dying, staying = Holder(folder, rate=4e6), Holder(folder, rate=8e6)
+    holders += [dying, staying]
+    sources = [dying.source("w.bin", "dying"), staying.source("w.bin", "staying")]
+    killer = threading.Thread(target=lambda: (_when(lambda: sources[0].received >= 2 << 20, 30), dying.kill()))
+    killer.start()
+    part = tmp_path / "req" / "w.bin.part"
+    result = FileCopy(part, SIZE, digest, sources, range_bytes=RANGE, in_flight=2).run()
+    killer.join()
+    assert result.status == "ok", [s.last_error for s in sources]
+    assert sources[0].broken and not sources[1].broken
+    assert result.received["dying"] >= 2 << 20 and result.received["staying"] > SIZE // 2
+    assert part.read_bytes() == (folder / "w.bin").read_bytes()
+
+
+class _Reporter:
+    def update(self, per_file: dict[str, int], progress: object, done: bool = False) -> None:
+        pass
