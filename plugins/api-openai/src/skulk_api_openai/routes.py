@@ -146,6 +146,12 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
         request_error=request_error,
     )
 
+    # --- reranking (rerank.py) -------------------------------------------------------------------
+
+    from .rerank import add_rerank_routes
+
+    add_rerank_routes(app, node, canonical=canonical, errors=ERRORS, request_error=request_error)
+
     # --- embeddings ------------------------------------------------------------------------------
 
     @app.post("/v1/embeddings", tags=["openai"], openapi_extra=body_schema(EmbeddingsRequestIn))

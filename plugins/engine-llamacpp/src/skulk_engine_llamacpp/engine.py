@@ -24,7 +24,9 @@ from skulk_kernel.api import (
     GenerationStats,
     PrefillProgressChunk,
     PromptChunk,
+    RerankParams,
     RunnerSpec,
+    ScoreChunk,
     Sharding,
     TextGenerationParams,
     TokenChunk,
@@ -346,6 +348,30 @@ class LlamaSession:
             usage=Usage(prompt_tokens=tokens),
         )
 
+    def rerank(self, command_id: str, params: RerankParams) -> Chunk:
+        """A score per document; a pair longer than the context is a 400 naming the document, not a 500."""
+        limit = self.backend.context_length
+        query: int | None = None
+        for i, doc in enumerate(params.documents):
+            if len(params.query) + len(doc) + 4 <= limit:
+                continue  # every token covers at least one character: it fits
+            if query is None:
+                query = len(self.backend.tokenize(params.query, add_special=False))
+            n = query + len(self.backend.tokenize(doc, add_special=False)) + 4  # the pair's special tokens
+            if n > limit:
+                return ErrorChunk(
+                    command_id=command_id,
+                    seq=0,
+                    error_type="invalid_request_error",
+                    code="context_length_exceeded",
+                    message=f"documents[{i}]: the query and this document take {n} tokens, over the "
+                    f"{limit} {self.spec.card.model_id} reads at once; shorten or split it",
+                )
+        scores, tokens = self.backend.rerank(params.query, list(params.documents))
+        return ScoreChunk(
+            command_id=command_id, seq=0, scores=tuple(scores), finish_reason="stop", usage=Usage(prompt_tokens=tokens)
+        )
+
     def close(self) -> None:
         self.backend.close()
 
@@ -380,6 +406,7 @@ class LlamaServerEngine(_LlamaEngine):
     name = "llama_server"
     module = "xllamacpp"
     dist = "xllamacpp"
+    tasks = frozenset({"TextGeneration", "TextEmbedding", "TextRerank"})  # reranking: llama.cpp's server only
     #: the runner admits this many at once; the session's token gate and llama.cpp's slots order them
     dispatch_width = 64
     splits: frozenset[Sharding] = frozenset()  # whole models only (no llama.cpp RPC pooling)
@@ -389,7 +416,8 @@ class LlamaServerEngine(_LlamaEngine):
 
         if spec.model_path is None:
             raise BackendError(f"{spec.card.model_id} has no model file on this node")
-        embedding = "TextEmbedding" in spec.card.tasks
+        reranking = "TextRerank" in spec.card.tasks
+        embedding = reranking or "TextEmbedding" in spec.card.tasks
         config = llamacpp_config(spec.options)
         plan = None
         if self.build() != "cpu":  # a CPU build starts exactly as before
@@ -404,6 +432,7 @@ class LlamaServerEngine(_LlamaEngine):
         server = LlamaServer(
             spec.model_path,
             embedding=embedding,
+            reranking=reranking,
             n_parallel=config.n_parallel,
             n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch,

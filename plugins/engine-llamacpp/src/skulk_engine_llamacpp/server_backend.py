@@ -146,6 +146,7 @@ class LlamaServer:
         model_path: str | Path,
         *,
         embedding: bool = False,
+        reranking: bool = False,
         n_parallel: int = 4,
         n_threads: int = 1,
         n_threads_batch: int | None = None,
@@ -190,7 +191,9 @@ class LlamaServer:
         times. A client that wants another call after a result forces it (``tool_choice``).
         """
         self.model_path = Path(model_path)
-        self.embedding = embedding
+        # a reranker (a cross-encoder) is served in embedding mode with rank pooling: /rerank
+        self.reranking = reranking
+        self.embedding = embedding or reranking
         self.n_parallel = n_parallel
         self.n_threads = n_threads
         self.n_threads_batch = n_threads_batch or _usable_cores()
@@ -261,6 +264,8 @@ class LlamaServer:
         if self.embedding:
             per_slot = self._n_ctx_req or self._model_context() or 512
             p.embedding = True
+            if self.reranking:
+                p.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_RANK
             p.kv_unified = False
             p.n_ctx = per_slot * self.n_parallel
             # non-causal models need a whole sequence in one micro-batch
@@ -433,6 +438,20 @@ class LlamaServer:
         data = self._post("/v1/embeddings", {"input": inputs})["data"]
         data.sort(key=lambda d: d["index"])
         return [_normalize([float(v) for v in d["embedding"]]) for d in data]
+
+    def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """A relevance score per document, in the given order, and the tokens read (query + document pairs).
+
+        llama.cpp answers sorted by score; the caller (the API) sorts and cuts (`top_n`) itself.
+        """
+        if not self.reranking:
+            raise BackendError("this server was not started for reranking")
+        got = self._post("/v1/rerank", {"query": query, "documents": documents, "top_n": len(documents)})
+        scores = [0.0] * len(documents)
+        for item in got["results"]:
+            scores[int(item["index"])] = float(item["relevance_score"])
+        usage = got.get("usage") or {}
+        return scores, int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
 
     # -- generation ------------------------------------------------------------------------
 

@@ -107,6 +107,7 @@ def card_from_gguf_metadata(meta: dict[str, Any], model_id: str, size: int, file
     heads = arch_key("attention.head_count", 1)
     hidden = arch_key("embedding_length", 1)
     is_embedding = arch in ("bert", "nomic-bert", "jina-bert-v2") or arch_key("pooling_type") is not None
+    is_reranker = arch_key("pooling_type") == 4  # llama.cpp's RANK pooling: a cross-encoder with a score head
     return ModelCard(
         model_id=model_id,
         n_layers=arch_key("block_count", 1),
@@ -117,8 +118,9 @@ def card_from_gguf_metadata(meta: dict[str, Any], model_id: str, size: int, file
         context_length=arch_key("context_length", 2048),
         storage_size=size,
         gguf_file=file_name,
-        tasks=("TextEmbedding",) if is_embedding else ("TextGeneration",),
-        embedding_dimensions=hidden if is_embedding else None,
+        tasks=("TextRerank",) if is_reranker else ("TextEmbedding",) if is_embedding else ("TextGeneration",),
+        capabilities=("rerank",) if is_reranker else (),
+        embedding_dimensions=hidden if is_embedding and not is_reranker else None,
         compatible_backends=GGUF_BACKENDS,
         backend_preference=GGUF_BACKENDS,
         sections={"runtime": {"head_dim": hidden // max(1, heads)}},

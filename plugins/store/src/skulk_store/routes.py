@@ -49,6 +49,8 @@ def model_entry(node: NodeSurface, card: Any) -> dict[str, Any]:
     caps = set(card.capabilities) | {"text"} if "TextGeneration" in card.tasks else set(card.capabilities)
     if "TextEmbedding" in card.tasks:
         caps.add("embedding")
+    if "TextRerank" in card.tasks:
+        caps.add("rerank")
     return {
         "id": card.model_id,
         "model_id": card.model_id,
