@@ -1,0 +1,1 @@
+"""Skulk's OpenAI Batch API plugin (see README.md)."""
