@@ -294,10 +294,22 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
             command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params
         )
         return await _serve_here(node, command, server)
-    model_id = resolve_model_id(node, params.model_id)
-    note_model(model_id)
+    from .on_demand import model_for, replaced_meanwhile  # (it imports this module)
+
+    model_id = await model_for(node, params.model_id, "TextGeneration")  # placed first when on demand
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
+    try:
+        return await _generate(node, params, command_id)
+    except InferenceError as exc:
+        if not replaced_meanwhile(node, exc):
+            raise
+        await model_for(node, model_id, "TextGeneration")  # removed (keep_alive) between the two: again
+        return await _generate(node, params, command_id)
+
+
+async def _generate(node: NodeSurface, params: TextGenerationParams, command_id: str | None) -> InferenceHandle:
+    model_id = params.model_id
     router = router_for(node)
     pinned = router.choose(node, model_id, params.messages)
     config = node.plugin_config("api-control")
@@ -333,13 +345,20 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
 
 
 async def embed(node: NodeSurface, params: EmbeddingParams, command_id: str | None = None) -> InferenceHandle:
-    note_model(params.model_id)
-    model_id = resolve_model_id(node, params.model_id, task="TextEmbedding")
-    note_model(model_id)
+    from .on_demand import model_for, replaced_meanwhile  # (it imports this module)
+
+    model_id = await model_for(node, params.model_id, "TextEmbedding")  # placed first when on demand
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
-    return await start(node, _transform(node, command))
+    for again in (False, True):
+        command = TextEmbedding(command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params)
+        try:
+            return await start(node, _transform(node, command))
+        except InferenceError as exc:
+            if again or not replaced_meanwhile(node, exc):
+                raise
+            await model_for(node, model_id, "TextEmbedding")
+    raise AssertionError("unreachable")
 
 
 def _transform(node: NodeSurface, command: Any) -> Any:

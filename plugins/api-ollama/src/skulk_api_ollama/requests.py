@@ -19,8 +19,9 @@ Mapping:
   frequency_penalty. Others (num_ctx, num_gpu, mirostat, ...) are accepted and ignored.
 * `think`: true or a level (`low` / `medium` / `high`) -> enable_thinking True, false -> False.
 * `format`: `"json"` -> a JSON-object constraint, a JSON schema object -> that schema (the engine
-  decodes under a grammar, see `skulk_api_control.requests_common.constrain`); `keep_alive` is
-  accepted and ignored.
+  decodes under a grammar, see `skulk_api_control.requests_common.constrain`); `keep_alive`
+  ("2s", "5m", seconds; 0 unloads, -1 keeps) sets how long an instance placed on demand stays idle
+  (routes.keep_alive, `skulk_api_control.on_demand`).
 * `/api/generate` `context` (what an earlier answer returned, see `context.py`) puts the earlier turns
   before the new prompt.
 * `"tools": []` (what the Python client always sends) means no tools; `tool_choice` (an extension,

@@ -30,6 +30,7 @@ from skulk_api_control.dispatch import (
     resolve_model_id,
     serving_instances,
 )
+from skulk_api_control.on_demand import expires_at, model_for, note_keep_alive, parse_keep_alive
 from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.streaming import Dispatch
 from skulk_api_control.wire_common import collect_embeddings, error_status
@@ -50,8 +51,20 @@ from .schemas import OllamaChatIn, OllamaEmbeddingsIn, OllamaEmbedIn, OllamaGene
 
 NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
-NEVER_EXPIRES = "2999-12-31T23:59:59Z"  # instances stay until deleted: there is no keep_alive expiry
+NEVER_EXPIRES = "2999-12-31T23:59:59Z"  # default models and explicit placements stay until deleted
 PREFIXES = ("/api", "/ollama/api")
+
+
+def keep_alive(data: dict[str, Any]) -> float | None:
+    """The request's `keep_alive` (seconds), noted for on-demand placement (`skulk_api_control.on_demand`)."""
+    if data.get("keep_alive") is None:
+        return None
+    try:
+        seconds = parse_keep_alive(data["keep_alive"])
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    note_keep_alive(seconds)
+    return seconds
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
@@ -174,12 +187,13 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
         try:
             data = await read_json(request, RequestError)
             req: GenerationRequest = parse_chat(data) if kind == "chat" else parse_generate(data)
+            keep = keep_alive(data)
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
         model_id = resolve(req.model)
-        if req.params is None:  # a load request: answer once the model is known to be served
+        if req.params is None:  # a load request: answer once the model is served (placed first on demand)
             try:
-                resolve_model_id(node, model_id)
+                await model_for(node, model_id, "TextGeneration", place_on_request=None if keep != 0 else False)
             except InferenceError as exc:
                 return ollama_error(exc.status, exc.message)
             body = wire.load_body(req.model, kind)
@@ -241,7 +255,9 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
         """`input`: a string or a list of strings -> `embeddings: [[...]]`."""
         started = wire.Timing()
         try:
-            model, params = parse_embed(await read_json(request, RequestError))
+            data = await read_json(request, RequestError)
+            model, params = parse_embed(data)
+            keep_alive(data)
         except RequestError as exc:
             return ollama_error(exc.status, exc.message)
 
@@ -315,7 +331,7 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             models.append(
                 {
                     **tag_entry(model_id, card),
-                    "expires_at": NEVER_EXPIRES,
+                    "expires_at": expires_at(node, inst.instance_id) or NEVER_EXPIRES,
                     "size_vram": size if on_gpu else 0,
                     "context_length": inst.context_limit,
                 }

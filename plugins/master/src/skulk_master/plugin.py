@@ -42,6 +42,17 @@ class MasterConfig(BaseModel):
         "measured multiplier and runtime bytes (docs/models.md), 1.25 for engines not measured",
     )
     memory_floor_mb: int = Field(default=256, ge=0)
+    place_on_request: bool = Field(
+        default=True,
+        description="a request (any API) for a catalog model with no instance places it and waits for it "
+        "(skulk_api_control.on_demand); false: a 404 saying to place it first",
+    )
+    keep_alive_s: float = Field(
+        default=300.0,
+        description="an instance placed because a request asked for it is removed after this long idle "
+        "(Ollama's keep_alive; a request's own keep_alive wins; negative: never); default models and "
+        "explicit placements stay until deleted",
+    )
 
 
 @hookimpl
@@ -72,6 +83,9 @@ def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, afte
     gone = event.event
     if isinstance(gone, NodeTimedOut) and gone.node_id != node.node_id:
         node.readings.forget(gone.node_id)
+    master = node.services.get(MASTER)
+    if master is not None:
+        master.idle.note(event, before)  # every node: a new master knows when each instance was used
 
 
 @hookimpl

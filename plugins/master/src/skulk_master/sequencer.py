@@ -51,11 +51,13 @@ from skulk_kernel.api import (
     decide,
     new_id,
     resolve_card,
+    teardown,
 )
 
 from .answered import AnsweredCommands
 from .duties import decide_prune, decide_report, decide_session_start
 from .eventlog import EventLog, EventLogStatus
+from .keep_alive import IdleClock
 from .placement import capacities
 from .planner import MemoryPlanner
 from .plugin import MasterConfig
@@ -77,6 +79,7 @@ class Master:
         self._defaults_placed = False
         self._event_log: EventLog | None = None
         self._answered = AnsweredCommands()  # this session's outcomes, by command id
+        self.idle = IdleClock()  # fed on every node (plugin.on_event_applied), acted on by the master
         planner = next(iter(node.planners.values()), None)
         if isinstance(planner, MemoryPlanner):
             planner.overhead = config.memory_overhead
@@ -336,8 +339,19 @@ class Master:
                 await self.carry_out(decision, self.node.node_id)
         await self._dispatch_parked()
         await self._retry_placements()
+        await self._expire_idle()
         if not self._defaults_placed:
             await self._place_defaults()
+
+    async def _expire_idle(self) -> None:
+        """Remove the on-demand instances idle past their keep_alive (keep_alive.py), and stale marks."""
+        view = self.view()
+        for instance_id in self.idle.expired(self.state, self.config.keep_alive_s, view.now):
+            log.info("removing %s: idle past its keep_alive", instance_id)
+            ended = teardown(self.state, instance_id, "idle past its keep_alive", failed=False, view=view)
+            await self.carry_out(ended, self.node.node_id)
+            self.idle.forget(instance_id)
+        await self.index(list(self.idle.orphans(self.state)), self.node.node_id)
 
     async def _place_defaults(self) -> None:
         if self.node.options.extra.get("no_default_models") or not self.config.default_models:

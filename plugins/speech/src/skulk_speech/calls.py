@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from skulk_api_control.dispatch import InferenceError, InferenceHandle, start
+from skulk_api_control.on_demand import model_for
 from skulk_kernel.api import (
     CommandId,
     NodeSurface,
@@ -23,7 +24,6 @@ from skulk_kernel.api import (
     new_id,
 )
 
-from .on_demand import model_for
 from .uploads import send_when_running
 
 FIRST_CHUNK_TIMEOUT_S = 600.0

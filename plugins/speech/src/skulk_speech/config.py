@@ -23,8 +23,8 @@ class SpeechConfig(BaseModel):
     vad_silence_ms: int = Field(default=500, ge=100, description="silence that ends a realtime turn")
     place_on_request: bool = Field(
         default=True,
-        description="a request for a speech model with no instance places it and waits for it (on_demand.py); "
-        "false: a 404 saying to place it first",
+        description="a request for a speech model with no instance places it and waits for it "
+        "(skulk_api_control.on_demand); false: a 404 saying to place it first",
     )
 
 
