@@ -75,6 +75,7 @@ MODEL_SUITES = (
     "tests/split/",
     "tests/media/images/",
     "tests/resume/",
+    "tests/batch/",  # two SmolLM2 replicas on worker nodes
     "@qwen-node",
     "tests/steward/test_steward_qwen.py",
 )
