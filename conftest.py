@@ -78,6 +78,7 @@ MODEL_SUITES = (
     "tests/batch/",  # two SmolLM2 replicas on worker nodes
     "@qwen-node",
     "tests/steward/test_steward_qwen.py",
+    "tests/serving/test_on_demand_node.py",  # Qwen placed on demand, twice
 )
 #: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):
 #: they run with no model or other timing unit beside them, first, before the model suites start
