@@ -34,3 +34,6 @@ def register_api_routes(app: Any, node: NodeSurface) -> None:
 
     config = node.plugin_config(PLUGIN) or OllamaConfig()
     add_ollama_routes(app, node, version=config.version)
+    from .manage_routes import add_manage_routes  # pull, create, copy, delete: the store does the work
+
+    add_manage_routes(app, node)

@@ -38,6 +38,7 @@ from skulk_kernel.api import EmbeddingParams, ModelCard, NodeSurface, resolve_ca
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import wire
+from .modelfile import ollama_section, show_fields, with_modelfile
 from .requests import (
     GenerationRequest,
     RequestError,
@@ -186,6 +187,8 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
         timing = wire.Timing()
         try:
             data = await read_json(request, RequestError)
+            if isinstance(data.get("model"), str):  # a created model's SYSTEM and PARAMETERs (modelfile.py)
+                data = with_modelfile(data, ollama_section(cards(node).get(resolve(data["model"]))))
             req: GenerationRequest = parse_chat(data) if kind == "chat" else parse_generate(data)
             keep = keep_alive(data)
         except RequestError as exc:
@@ -364,14 +367,11 @@ def add_ollama_routes(app: FastAPI, node: NodeSurface, *, version: str) -> None:
             )
         return JSONResponse(
             {
-                "modelfile": f"# Served by Skulk\nFROM {model_id}\n",
-                "parameters": "",
-                "template": "",
+                **show_fields(card, model_id),  # modelfile, parameters, template, system, license
                 "details": details(card),
                 "model_info": info,
                 "capabilities": capabilities(card),
                 "modified_at": modified_at,
-                "license": "",
             }
         )
 
