@@ -35,6 +35,12 @@ from .requests import RequestError
 
 NDJSON = "application/x-ndjson"
 PREFIXES = ("/api", "/ollama/api")
+BLOB_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
 class _Body(BaseModel):
@@ -169,7 +175,7 @@ def add_manage_routes(app: FastAPI, node: NodeSurface) -> None:
             return JSONResponse({"status": "success"})
         return StreamingResponse(lines(), media_type=NDJSON)
 
-    @route("POST", "/push")
+    @route("POST", "/push", openapi_extra=body_schema(PullIn))
     async def post_push(request: Request) -> Response:
         """Refused: Skulk serves models and does not publish them to a registry."""
         return _error(
@@ -244,7 +250,7 @@ def add_manage_routes(app: FastAPI, node: NodeSurface) -> None:
             return Response(status_code=exc.status)
         return Response(status_code=200 if present else 404)
 
-    @route("POST", "/blobs/{digest}")
+    @route("POST", "/blobs/{digest}", openapi_extra=BLOB_BODY)
     async def post_blob(digest: str, request: Request) -> Response:
         """Upload a file (a GGUF for `create`'s `files`), checked against its digest: 201, or 200 if present."""
         length = request.headers.get("content-length")
