@@ -2,11 +2,13 @@
 
 A real node (cpu-llamacpp, no default models) with the Qwen2.5-Coder-0.5B-Instruct card provisioned
 (tests/conftest.py's shared models dir) and no instance. Through the real `ollama` client
-(`/api/chat`) and the real `openai` SDK (`/v1/chat/completions`): ten first requests sent at once
+(`/api/chat`), the real `openai` SDK (`/v1/chat/completions`) and one `anthropic` SDK message (all
+three reach the same shared path, `skulk_api_control.on_demand`): ten first requests sent at once
 load the model once and are all answered; with `keep_alive: "2s"` the instance is gone a few
 seconds after the last request, and the next request loads it again. A model too large for any
-node is a 4xx with the planner's reason in under a second. The time to first token of an
-on-demand load and of an already placed model are printed for the closing note (run with -s).
+node is a 4xx with the planner's reason in under a second. Embeddings load on first use too. The
+time to first token of an on-demand load and of an already placed model are printed for the
+closing note (run with -s).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import ollama
 import openai
 import pytest
 from skulk_testing.nodes import NodeProcess, start_node
 
-from tests.conftest import QWEN_MODEL
+from tests.conftest import EMBED_MODEL, QWEN_MODEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ASK = [{"role": "user", "content": "What is the capital of France? One word."}]
@@ -76,6 +79,12 @@ def openai_ttft(node: NodeProcess) -> tuple[str, float]:
     return text, first
 
 
+def anthropic_message(node: NodeProcess) -> str:
+    client = anthropic.Anthropic(base_url=node.url, api_key="x", max_retries=0, timeout=600)
+    answer = client.messages.create(model=QWEN_MODEL, max_tokens=8, messages=ASK, extra_body={"temperature": 0})  # type: ignore[arg-type]
+    return "".join(getattr(block, "text", "") for block in answer.content)
+
+
 def ollama_chat(node: NodeProcess, keep_alive: str | int | None = "2s") -> str:
     client = ollama.Client(host=node.url, timeout=600)
     answer = client.chat(
@@ -96,8 +105,9 @@ def test_ten_first_requests_load_once_and_keep_alive_unloads_then_reloads(bare_n
                 time.sleep(0.1)
 
         watcher = pool.submit(watch)
-        asks: list[Any] = [pool.submit(openai_ttft, bare_node) for _ in range(5)]
+        asks: list[Any] = [pool.submit(openai_ttft, bare_node) for _ in range(4)]
         asks += [pool.submit(ollama_chat, bare_node) for _ in range(5)]
+        asks += [pool.submit(anthropic_message, bare_node)]
         answers = [a.result(timeout=600) for a in asks]
         watching = False
         watcher.result(timeout=10)
@@ -132,6 +142,20 @@ def test_ten_first_requests_load_once_and_keep_alive_unloads_then_reloads(bare_n
         f"that reloads it {reload_ttft:.2f}s, placed {placed_ttft:.2f}s; removed {gone_after:.1f}s after the "
         "last request (keep_alive 2s)"
     )
+
+
+def test_embeddings_load_on_first_use(bare_node: NodeProcess, models_dir: Path) -> None:
+    from skulk_engine_llamacpp.models import ProvisionError, provision_minilm
+
+    try:
+        provision_minilm(models_dir)
+    except ProvisionError as exc:
+        pytest.skip(f"all-MiniLM-L6-v2 not provisionable here: {exc}")
+    assert instances_of(bare_node, EMBED_MODEL) == []
+    client = openai.OpenAI(base_url=bare_node.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    vectors = client.embeddings.create(model=EMBED_MODEL, input=["on demand"]).data
+    assert len(vectors) == 1 and len(vectors[0].embedding) == 384
+    assert len(instances_of(bare_node, EMBED_MODEL)) == 1
 
 
 def test_a_model_too_large_for_any_node_is_a_4xx_with_the_reason_at_once(
