@@ -131,7 +131,7 @@ def load(names: Sequence[str] | Literal["all"] = "all") -> Loaded:
     records: list[ExtensionRecord] = []
     capabilities: dict[str, Capability] = {}
     for ext in manager.extensions:
-        dist, version = _dist(ext.entry_point)
+        dist, version = _dist(installed.get(ext.name))  # stevedore's cached entry points carry no dist
         base = {"name": ext.name, "distribution": dist, "version": version}
         refused = check_version(getattr(ext.plugin, "skulk_requires", None), running)
         if refused:

@@ -90,7 +90,9 @@ def add_routes(app: FastAPI, node: NodeSurface) -> None:
     @app.get("/v1/extensions", tags=["capabilities"])
     async def extensions() -> Any:
         """This node's extensions: loaded, refused, failed (and why), as `extensions list` prints them."""
-        return {"object": "list", "data": [r.model_dump(mode="json") for r in service().records]}
+        svc = service()
+        records = [r.model_dump(mode="json") for r in svc.records]
+        return {"object": "list", "data": records, "active_calls": svc.server.active, "served_calls": svc.server.served}
 
     @app.post("/v1/capabilities/call", tags=["capabilities"])
     async def call(request: Request) -> Any:

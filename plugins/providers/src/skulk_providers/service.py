@@ -74,7 +74,9 @@ class ProviderService:
     def describe_local(self) -> dict[str, Any]:
         return {
             "node_id": self.node.node_id,
-            "capabilities": [c.descriptor.model_dump(mode="json") for c in self.capabilities.values()],
+            "capabilities": [
+                c.descriptor.model_dump(mode="json", exclude={"ref", "revision"}) for c in self.capabilities.values()
+            ],  # computed again (and so checked) by the asker
         }
 
     # ------------------------------------------------------------------ discovery
