@@ -132,6 +132,11 @@ def test_create_copy_show_ps_and_delete(client: Any, node: NodeProcess, gguf: Pa
     assert "terse:latest" in [m.model for m in client.ps().models]
     answer = client.chat(model="terse", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4})
     assert answer.message.role == "assistant"
+    # terse's SYSTEM reaches the model: the same message reads more prompt tokens than on the bare model
+    place_until_listed(node, PULLED)
+    node.wait_ready(PULLED, timeout=120)
+    bare = client.chat(model=PULLED, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4})
+    assert answer.prompt_eval_count > bare.prompt_eval_count
 
     with pytest.raises(ollama.ResponseError) as err:
         client.delete("terse")  # placed: refused with the way out
@@ -141,6 +146,18 @@ def test_create_copy_show_ps_and_delete(client: Any, node: NodeProcess, gguf: Pa
         client.show("terse-copy")
     assert err.value.status_code == 404
     assert client.delete("from-blob").status == "success"
+
+    # the pulled model's file is what `terse` (created from it) reads: it stays until terse goes
+    for instance in list(node.state()["instances"]):
+        assert httpx.delete(f"{node.url}/instance/{instance}", timeout=30).status_code == 200
+    node.wait_until(lambda: not node.state()["instances"], 60, "the instances removed")
+    with pytest.raises(ollama.ResponseError) as err:
+        client.delete(PULLED)
+    assert err.value.status_code == 409 and "terse" in err.value.error
+    assert client.delete("terse").status == "success"
+    assert client.delete(PULLED).status == "success"
+    with pytest.raises(ollama.ResponseError):
+        client.show(PULLED)
 
 
 def test_create_refuses_what_it_cannot_build(client: Any) -> None:

@@ -224,6 +224,12 @@ class ModelManager:
         held = model_id in self.store.installed()
         if not custom and not held:
             raise ManageError(404, f"model '{name}' is a catalog entry with no copy on this node: nothing to delete")
+        if held and (users := self.sharing(model_id)):
+            raise ManageError(
+                409,
+                f"{', '.join(sorted(users))} (created or copied from {model_id}) read its files on this node; "
+                "delete them first",
+            )
         if held:
             await asyncio.to_thread(self.store.remove, model_id)
             if self.service is not None:
@@ -233,6 +239,17 @@ class ModelManager:
             if (failure := outcome_failure(await self.node.submit(command))) is not None:
                 raise failure
         return model_id
+
+    def sharing(self, model_id: str) -> list[str]:
+        """Other models whose `[source]` is a local path inside this model's folder (created or copied)."""
+        folder = Path(self.store.folder(model_id)).resolve()
+        users: list[str] = []
+        for card in catalog(self.node).values():
+            source = card.sections.get("source", {})
+            if card.model_id != model_id and source.get("kind") == "local" and source.get("path"):
+                if Path(str(source["path"])).resolve().is_relative_to(folder):
+                    users.append(card.model_id)
+        return users
 
     # ------------------------------------------------------------------ blobs
 
