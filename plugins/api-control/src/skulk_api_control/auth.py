@@ -150,6 +150,11 @@ _INFERENCE_POST = (
     "/responses",
     "/v1/embeddings",
     "/embeddings",
+    "/v1/rerank",  # reranking (Jina/Cohere/vLLM shapes) and vLLM's score API
+    "/rerank",
+    "/v2/rerank",
+    "/v1/score",
+    "/score",
     "/v1/messages",
     "/v1/audio/",
     "/audio/",
