@@ -208,12 +208,24 @@ class HostStager:
             if not self._ask_host_to_fetch(host, card.model_id, progress):
                 return None
             holding = [host]
+            if not shares_filesystem(host):
+                self._wait_listed(host, card.model_id)
         for host in holding:
             if shares_filesystem(host):
                 path = self._stage_locally(card, host)
                 if path is not None:
                     return path
         return self._stage_by_peer_copy(card, holding, progress)
+
+    def _wait_listed(self, host: HostEntry, model_id: str, timeout: float = 15.0) -> None:
+        """The host has the model; a peer copy finds holders by their telemetry, which lists the new
+        model a heartbeat or two later: wait for it (bounded) rather than fall through to the hub."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.node.stopping:
+            if any(node_id == host.node_id for node_id, _ in self.fetcher.holders(model_id)):
+                return
+            time.sleep(0.2)
+        log.info("store host %s fetched %s but its telemetry does not list it yet", host.node_id[:8], model_id)
 
     # ------------------------------------------------------------------ same filesystem
 

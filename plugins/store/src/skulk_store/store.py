@@ -288,6 +288,9 @@ class LocalModelStore:
         source = card.sections.get("source", {})
         known = {name: str(meta.get("sha256", "")) for name, meta in dict(source.get("files", {})).items()}
         main_file = str(source.get("main_file", ""))
+        if not main_file and card.gguf_file:  # a provisioned card names no source file: find its GGUF
+            found = sorted(folder.rglob(card.gguf_file))
+            main_file = str(found[0].relative_to(folder)) if found else ""
         return self.adopt_staged(card, folder, main_file, {k: v for k, v in known.items() if v}, staged)
 
     def adopt_staged(
