@@ -1,4 +1,8 @@
-/** The shell: navigation, theme switch, live-connection indicator, the current page, the node panel. */
+/**
+ * The shell: navigation, theme switch, live-connection indicator, the current page, the node panel.
+ * Until the node knows who this browser is (no key on loopback, an API key elsewhere) it shows the
+ * sign-in page instead.
+ */
 
 import { useEffect } from "react";
 import { Icon } from "./components/ui";
@@ -6,13 +10,31 @@ import { Chat } from "./pages/Chat";
 import { Instances } from "./pages/Instances";
 import { Models } from "./pages/Models";
 import { NodePanel } from "./pages/NodePanel";
+import { SignIn } from "./pages/SignIn";
 import { Topology } from "./pages/Topology";
 import { connect, useConnection, useMessage } from "./store/cluster";
+import { signOut, startSession, useSession } from "./store/session";
 import { PAGES, navigate, pageFromPath, setTheme, ui, useNodePanel, usePage, useTheme, useToasts, type Page } from "./store/ui";
 
 const TITLES: Record<Page, string> = { topology: "Topology", models: "Models", chat: "Chat", instances: "Instances" };
 
 export function App() {
+  const session = useSession();
+  useEffect(() => { void startSession(); }, []);
+  if (session.status === "signed-in") return <Dashboard />;
+  if (session.status === "checking" && !session.error) {
+    return <div className="signin-wrap"><div className="card"><div className="empty"><strong>Connecting to the node…</strong></div></div></div>;
+  }
+  return <SignIn />;
+}
+
+const SCOPE_TEXT = {
+  operator: "operator key: everything",
+  inference: "inference key: view and chat; placing models needs an operator key",
+} as const;
+
+function Dashboard() {
+  const session = useSession();
   const page = usePage();
   const theme = useTheme();
   const msg = useMessage();
@@ -46,6 +68,15 @@ export function App() {
             {connection === "live" ? "live" : connection === "connecting" ? "connecting…" : "reconnecting…"}
             {msg && <span className="muted">· {msg.state.nodeIdentities[msg.observerNodeId]?.friendlyName ?? ""}</span>}
           </div>
+          {session.via === "key" && session.scope && (
+            <div className="small stack" style={{ gap: 6 }} data-testid="session" data-scope={session.scope}>
+              <span title={SCOPE_TEXT[session.scope]}>
+                <span className="chip">{session.scope}</span> <span className="muted">{session.keyName ?? session.keyId}</span>
+              </span>
+              <span className="muted">{SCOPE_TEXT[session.scope]}</span>
+              <button className="btn small" onClick={() => signOut()}>Sign out</button>
+            </div>
+          )}
           <button className="btn" aria-label={theme === "dark" ? "Switch to light theme" : "Switch to dark theme"}
             onClick={() => setTheme(theme === "dark" ? "light" : "dark")}>
             <Icon name={theme === "dark" ? "sun" : "moon"} />{theme === "dark" ? "Light" : "Dark"}

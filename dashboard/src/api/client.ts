@@ -1,8 +1,11 @@
 /**
  * Typed calls to the node's control API. Errors become `ApiError` with the node's own message,
  * because the node's messages say what to do ("place one first with ...").
+ *
+ * Every call carries the session's API key (none on loopback); a 401 signs the page out.
  */
 
+import { authHeaders, signedOut } from "../store/session";
 import type { ApiErrorBody, CatalogModel, PlacementPreview } from "./types";
 
 export class ApiError extends Error {
@@ -24,13 +27,14 @@ export async function errorFrom(response: Response): Promise<ApiError> {
   } catch {
     // not JSON: keep the status line
   }
+  if (response.status === 401) signedOut(message);
   return new ApiError(message, response.status, code);
 }
 
 export async function request<T>(path: string, init?: RequestInit): Promise<T> {
   const response = await fetch(path, {
     ...init,
-    headers: { "content-type": "application/json", ...(init?.headers ?? {}) },
+    headers: { "content-type": "application/json", ...authHeaders(), ...(init?.headers ?? {}) },
   });
   if (!response.ok) throw await errorFrom(response);
   return (await response.json()) as T;

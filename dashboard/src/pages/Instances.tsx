@@ -6,11 +6,13 @@ import { Bar, Empty, Icon, PhaseBadge, runnerTone, statusName } from "../compone
 import { instanceViews, loadProgress } from "../logic/derive";
 import { formatTime, modelName } from "../logic/format";
 import { deleteInstance } from "./Models";
+import { useCanOperate } from "../store/session";
 import { toast, ui } from "../store/ui";
 
 export function Instances({ msg }: { msg: StateMessage }) {
   const instances = useMemo(() => instanceViews(msg.state), [msg]);
   const [busy, setBusy] = useState<string | null>(null);
+  const canOperate = useCanOperate();
   const names = msg.state.nodeIdentities;
   const failures = [...msg.state.instanceFailures].reverse();
   const remove = async (id: string) => {
@@ -38,9 +40,11 @@ export function Instances({ msg }: { msg: StateMessage }) {
                   <PhaseBadge phase={inst.phase} />
                   <span className="muted small mono">{inst.id}</span>
                 </div>
-                <button className="btn small danger" aria-label={`Delete ${inst.id}`} disabled={busy === inst.id} onClick={() => void remove(inst.id)}>
-                  <Icon name="trash" />Delete
-                </button>
+                {canOperate && (
+                  <button className="btn small danger" aria-label={`Delete ${inst.id}`} disabled={busy === inst.id} onClick={() => void remove(inst.id)}>
+                    <Icon name="trash" />Delete
+                  </button>
+                )}
               </div>
               <span className="muted small">
                 {inst.kind.replace(/Instance$/, "")} · {inst.sharding} · {inst.engine ?? "?"} engine · context {inst.contextLimit?.toLocaleString() ?? "?"} tokens

@@ -8,6 +8,7 @@ import { downloadViews, instanceViews, type InstanceView } from "../logic/derive
 import { formatBytes, modelName } from "../logic/format";
 import { defaultChoice, placementBody, previewChoices, type PreviewChoice } from "../logic/previews";
 import { refreshCatalog, useCatalog, useCatalogError } from "../store/cluster";
+import { useCanOperate } from "../store/session";
 import { toast } from "../store/ui";
 
 export function matches(model: CatalogModel, query: string): boolean {
@@ -178,7 +179,22 @@ function Downloads({ msg }: { msg: StateMessage }) {
   );
 }
 
+/** Placing, deleting and adding models are operator actions: an inference key sees why not. */
 export function Models({ msg }: { msg: StateMessage }) {
+  return useCanOperate() ? <Catalog msg={msg} /> : (
+    <>
+      <div className="page-head"><h1>Models</h1></div>
+      <div className="card" data-testid="operator-only">
+        <Empty title="Placing models needs an operator key">
+          This browser is signed in with an inference key: it can see the cluster and chat with the models already
+          running. Sign in with an operator key to launch, delete or add models.
+        </Empty>
+      </div>
+    </>
+  );
+}
+
+function Catalog({ msg }: { msg: StateMessage }) {
   const catalog = useCatalog();
   const catalogError = useCatalogError();
   const [query, setQuery] = useState("");

@@ -13,6 +13,7 @@ import {
   type ChatChunk, type ChatMessage, type Conversation,
 } from "../logic/chat";
 import { SseParser } from "../logic/sse";
+import { authHeaders } from "./session";
 import { createStore, useStore } from "./store";
 
 export interface ChatStore {
@@ -87,7 +88,7 @@ export async function send(text: string): Promise<void> {
   chat.set({ streaming: true });
   try {
     const response = await fetch("/v1/chat/completions", {
-      method: "POST", signal: abort.signal, headers: { "content-type": "application/json" },
+      method: "POST", signal: abort.signal, headers: { "content-type": "application/json", ...authHeaders() },
       body: JSON.stringify({ model: state.model, stream: true, messages }),
     });
     if (!response.ok || !response.body) throw await errorFrom(response);

@@ -1,13 +1,18 @@
 /**
- * The cluster as the node pushes it: one EventSource on `/v1/events/stream`, one store.
+ * The cluster as the node pushes it: one stream of `/v1/events/stream`, one store.
  *
  * The node sends a message on every State change and every 2 s (telemetry), so nothing polls.
- * EventSource reconnects by itself (the stream asks for 1 s); while it is down the last State is
- * kept on screen, marked stale.
+ * The stream is read with fetch, not EventSource, because it must carry the session's API key in
+ * a header (EventSource cannot set one, and a key in the URL would reach access logs). Like
+ * EventSource it reconnects a second after it drops; while it is down the last State is kept on
+ * screen, marked stale. A 401 (the key was revoked: the node also ends a revoked key's stream)
+ * signs the page out.
  */
 
 import type { CatalogModel, StateMessage } from "../api/types";
-import { api } from "../api/client";
+import { api, errorFrom } from "../api/client";
+import { SseParser } from "../logic/sse";
+import { authHeaders, session } from "./session";
 import { createStore, useStore } from "./store";
 
 export type Connection = "connecting" | "live" | "reconnecting";
@@ -41,23 +46,55 @@ export function catalogStamp(msg: StateMessage): string {
   return `${Object.keys(s.customModelCards).sort().join(",")}|${Object.keys(s.instances).sort().join(",")}|${Object.keys(s.downloads).length}`;
 }
 
-let source: EventSource | null = null;
+const RETRY_MS = 1000;
+let running: AbortController | null = null;
+
+function onState(data: string): void {
+  const msg = parseStateMessage(data);
+  if (!msg) return;
+  cluster.set({ message: msg, connection: "live", receivedAt: Date.now() });
+  if (session.get().scope === "operator" && catalogStamp(msg) !== cluster.get().catalogStamp) void refreshCatalog(msg);
+}
+
+/** Read one connection of the stream to its end; false when the node refused the key (stop). */
+async function readOnce(url: string, signal: AbortSignal): Promise<boolean> {
+  const response = await fetch(url, { headers: { accept: "text/event-stream", ...authHeaders() }, signal, cache: "no-store" });
+  if (response.status === 401 || response.status === 403) {
+    await errorFrom(response); // a 401 signs out with the node's reason
+    return false;
+  }
+  if (!response.ok || !response.body) throw new Error(`${response.status} ${response.statusText}`);
+  cluster.set({ connection: "live" });
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  const parser = new SseParser();
+  for (;;) {
+    const { value, done } = await reader.read();
+    const out = done ? parser.end() : parser.feed(value);
+    for (const event of out.events) if (event.event === "state") onState(event.data);
+    if (done) return true;
+  }
+}
 
 export function connect(url = "/v1/events/stream"): () => void {
-  if (source) return () => undefined;
-  const es = new EventSource(url);
-  source = es;
-  es.addEventListener("open", () => cluster.set({ connection: "live" }));
-  es.addEventListener("error", () => cluster.set({ connection: "reconnecting" }));
-  es.addEventListener("state", (event) => {
-    const msg = parseStateMessage((event as MessageEvent<string>).data);
-    if (!msg) return;
-    cluster.set({ message: msg, connection: "live", receivedAt: Date.now() });
-    if (catalogStamp(msg) !== cluster.get().catalogStamp) void refreshCatalog(msg);
-  });
+  if (running) return () => undefined;
+  const abort = new AbortController();
+  running = abort;
+  void (async () => {
+    while (!abort.signal.aborted) {
+      let again = true;
+      try {
+        again = await readOnce(url, abort.signal);
+      } catch {
+        // dropped or unreachable: retry below, as EventSource would
+      }
+      if (abort.signal.aborted || !again) break;
+      cluster.set({ connection: "reconnecting" });
+      await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
+    }
+  })();
   return () => {
-    es.close();
-    source = null;
+    abort.abort();
+    if (running === abort) running = null;
   };
 }
 

@@ -160,6 +160,7 @@ _INFERENCE_POST = (
     "/audio/",
 )
 _OLLAMA_INFERENCE = ("/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version")
+_DASHBOARD_READ = ("/v1/whoami", "/v1/events/stream")  # a signed-in chat user's dashboard (dashboard.py)
 _PUBLIC = ("/", "/ui", "/ui/", "/favicon.ico", "/health", "/v1/health")  # /health: probes carry no key
 
 
@@ -178,6 +179,8 @@ def route_scope(method: str, path: str) -> Scope | None:
     if path.startswith(("/v1/files", "/v1/batches")):  # the Batch API (plugin batch): every method
         return "inference"
     if method in ("GET", "HEAD") and (path.startswith("/v1/models") or path == "/v1/audio/voices"):
+        return "inference"
+    if method == "GET" and path in _DASHBOARD_READ:
         return "inference"
     return "operator"
 

@@ -11,6 +11,14 @@ Pushing the state itself rather than a "changed" ping that makes the client refe
 trip per change and cannot race a second change between ping and fetch; the body of a small
 cluster is a few KB (the e2e test prints the figure), and bursts of events are coalesced so a burst
 costs one serialization per `MIN_GAP_S`, not one per event.
+
+From another host the dashboard signs in with an API key ([hosts]): it asks `GET /v1/whoami` who
+its key is (scope, name; loopback needs none) and sends the key in `Authorization` on every call,
+the state stream included: the page reads the stream with `fetch` (EventSource cannot set headers),
+so a key never travels in a URL, where access logs and browser history would keep it. The stream
+takes an inference key too (what a chat user may see: nodes, instances, health), without the
+key hashes of State's plugin data, and it ends once the key that opened it is revoked, so the page
+reconnects, gets 401 and shows its sign-in.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from skulk_kernel.api import NodeSurface, State
 
+from .auth import PLUGIN_DATA as KEYS_DATA
+from .auth import KeyRing, current_key, is_loopback
 from .state_view import state_view
 
 TICK_S = 2.0  # telemetry (memory, heartbeats) changes without events: resend this often anyway
@@ -86,16 +96,30 @@ def snapshot(node: NodeSurface, reason: str, seq: int) -> str:
         "observerNodeId": node.node_id,
         "nodeTimeoutS": node_timeout_s(node),
         "liveness": liveness(node, node.state),
-        "state": state_view(node),
+        "state": _without_key_hashes(state_view(node)),
     }
     return f"event: state\ndata: {json.dumps(body, separators=(',', ':'), default=str)}\n\n"
 
 
-async def state_stream(node: NodeSurface, request: Request) -> AsyncIterator[str]:
-    """A message now, then on every State change (coalesced) and every `TICK_S` for telemetry."""
+def _without_key_hashes(body: dict[str, Any]) -> dict[str, Any]:
+    """The stream is open to inference keys: no API key records (hashes, names) in it."""
+    data = body.get("pluginData")
+    if isinstance(data, dict) and KEYS_DATA in data:
+        body["pluginData"] = {k: v for k, v in data.items() if k != KEYS_DATA}
+    return body
+
+
+async def state_stream(
+    node: NodeSurface, request: Request, keys: KeyRing | None = None, key_id: str | None = None
+) -> AsyncIterator[str]:
+    """A message now, then on every State change (coalesced) and every `TICK_S` for telemetry.
+
+    Opened with a key (`key_id`), it ends as soon as that key is no longer in State (revoked)."""
     yield "retry: 1000\n\n"  # EventSource reconnects after a second when the node restarts
     seq, reason = 0, "initial"
     while not node.stopping:
+        if keys is not None and key_id is not None and key_id not in keys.records():
+            return  # revoked: the client's reconnect gets 401 and its sign-in page
         seen = node.state
 
         def changed(state: State, seen: State = seen) -> bool:
@@ -164,10 +188,24 @@ def add_dashboard_routes(app: FastAPI, node: NodeSurface) -> None:
             found, headers={"cache-control": "public, max-age=31536000, immutable" if immutable else "no-cache"}
         )
 
+    keys = KeyRing(node)
+
+    @app.get("/v1/whoami", tags=["keys"])
+    async def whoami(request: Request) -> dict[str, Any]:
+        """Who this caller is to the gate: the key's id, name and scope, or no key (loopback, an open
+        API). The dashboard's sign-in asks it; an unknown or revoked key never gets here (401)."""
+        key_id = current_key.get()
+        record = keys.records().get(key_id) if key_id else None
+        if record is not None:
+            return {"scope": record.scope, "via": "key", "keyId": record.id, "name": record.name}
+        client = request.client
+        local = is_loopback((client.host, client.port) if client else None)
+        return {"scope": "operator", "via": "loopback" if local else "open", "keyId": None, "name": None}
+
     @app.get("/v1/events/stream", include_in_schema=False)
     async def events_stream(request: Request) -> StreamingResponse:
         return StreamingResponse(
-            state_stream(node, request),
+            state_stream(node, request, keys, current_key.get()),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )

@@ -34,6 +34,27 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
     return data
 
 
+def dashboard_link(args: argparse.Namespace, key: str) -> str:
+    """The dashboard, signed in with `key`: the key rides in the URL fragment (`#key=`), which a
+    browser never sends to a server, so no access log keeps it; the page moves it to the tab's
+    session storage and drops it from the address bar. From loopback, the node's own LAN address
+    (what a laptop would type) replaces 127.0.0.1."""
+    from urllib.parse import quote, urlsplit
+
+    base = args.url.rstrip("/")
+    parts = urlsplit(base)
+    if parts.hostname in ("127.0.0.1", "localhost", "::1"):
+        try:
+            node_id = _call(args, "GET", "/node_id")
+            resources = _call(args, "GET", "/state")["nodeResources"].get(node_id, {})
+            lan = [a for a in resources.get("addresses", ()) if not a.startswith("127.")]
+            if lan:
+                base = f"{parts.scheme}://{lan[0]}:{resources.get('apiPort') or parts.port}"
+        except SystemExit:
+            pass  # the loopback link still works on this host
+    return f"{base}/ui/#key={quote(key, safe='')}"
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     body = {"name": args.name, "scope": args.scope, "tokens_per_min": args.tokens_per_min}
     data = _call(args, "POST", "/v1/keys", body)
@@ -41,6 +62,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     print(data["key"])
+    print(f"open the dashboard signed in: {dashboard_link(args, data['key'])}", file=sys.stderr)
     quota = f", {data['tokens_per_min']} tokens/min" if data.get("tokens_per_min") else ""
     print(
         f"(key {data['id']} '{data['name']}', scope {data['scope']}{quota}; shown once: store it now)", file=sys.stderr
