@@ -168,6 +168,10 @@ def test_echo_provider_advertised_discovered_and_called(cluster: tuple[NodeProce
     stale = _call(a, b_id, {**caps["echo.unary"], "revision": "0" * 16}, {"text": "x"})
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "revision_mismatch"
     assert a.post("/v1/capabilities/call", json={"node_id": b_id}).status_code == 400
+    nowhere = _call(a, "no-such-node", caps["echo.unary"], {"text": "x"})
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "unknown_node"
+    not_there = _call(a, _node_id(a), caps["echo.unary"], {"text": "x"})  # A offers nothing
+    assert not_there.status_code == 404 and not_there.json()["error"]["code"] == "unknown_capability"
 
     # a provider that raises: a typed 502, and B keeps serving (capabilities and inference routes)
     raised = _call(a, b_id, caps["echo.unary"], {"text": "x", "fail": True})

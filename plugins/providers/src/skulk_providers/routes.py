@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from skulk_api_control.openapi_body import body_schema
 from skulk_kernel.api import NodeSurface
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -66,6 +67,19 @@ def _parse(raw: Any, service: ProviderService) -> tuple[CallRequest, IoMode, flo
     return req, IoMode.UNARY, deadline
 
 
+def check_target(service: ProviderService, req: CallRequest) -> None:
+    """Refuse at once a call no node would answer (rather than at its deadline)."""
+    if req.node_id not in service.node.reachable_nodes():
+        raise CallError("unknown_node", f"node {req.node_id} is not a reachable member (GET /v1/capabilities)")
+    offered = service.advertised().get(req.node_id, ())
+    if req.capability not in offered:
+        raise CallError(
+            "unknown_capability",
+            f"node {req.node_id} advertises no {req.capability} "
+            f"(it advertises: {', '.join(offered) or 'none'}; GET /v1/capabilities)",
+        )
+
+
 async def _mode_of(service: ProviderService, req: CallRequest) -> IoMode:
     """The mode from this node's knowledge of the target's descriptors (asked on a miss)."""
     for descriptor in await service.describe(req.node_id):
@@ -94,7 +108,7 @@ def add_routes(app: FastAPI, node: NodeSurface) -> None:
         records = [r.model_dump(mode="json") for r in svc.records]
         return {"object": "list", "data": records, "active_calls": svc.server.active, "served_calls": svc.server.served}
 
-    @app.post("/v1/capabilities/call", tags=["capabilities"])
+    @app.post("/v1/capabilities/call", tags=["capabilities"], openapi_extra=body_schema(CallRequest))
     async def call(request: Request) -> Any:
         """A unary capability call on one node, pinned to the revision read at discovery."""
         svc = service()
@@ -113,6 +127,7 @@ def add_routes(app: FastAPI, node: NodeSurface) -> None:
             return error_response(CallError("invalid_request", "the body is not JSON"))
         try:
             req, mode, deadline = _parse(body, svc)
+            check_target(svc, req)
             handle = await svc.caller.open(
                 req.node_id, req.capability, req.revision, mode, deadline, data=req.input, has_input=True
             )
@@ -174,6 +189,7 @@ class StreamSession:
             except ValueError:
                 raise CallError("invalid_request", "the first message is not JSON") from None
             req, _, deadline = _parse(body, svc)
+            check_target(svc, req)
             mode = await _mode_of(svc, req)
             if mode == IoMode.UNARY:
                 raise CallError("wrong_mode", f"{req.capability} is unary: POST /v1/capabilities/call")
