@@ -207,6 +207,14 @@ def test_keys_scopes_revocation_and_quotas_from_another_host(world: dict[str, An
         assert status == 403 and body["error"]["code"] == "insufficient_scope"
         assert ns.http("POST", url + "/v1/chat/completions", operator, CHAT)[0] == 200
         assert ns.http("GET", url + "/state", operator)[0] == 200
+    # Ollama's model management changes what the cluster holds: operator keys only (docs/security.md)
+    pull = {"model": "no-such-model", "stream": False}
+    status, _, body = ns.http("POST", urls[0] + "/api/pull", inference, pull)
+    assert status == 403 and "operator" in body["error"], body
+    assert ns.http("DELETE", urls[0] + "/api/delete", inference, {"model": "skulk/echo"})[0] == 403
+    assert ns.http("POST", urls[0] + "/api/pull", operator, pull)[0] == 404  # past the gate: the route answers
+    rerank = {"model": "skulk/echo", "query": "q", "documents": ["d"]}
+    assert ns.http("POST", urls[0] + "/v1/rerank", inference, rerank)[0] == 400  # an inference route
     status, _, body = ns.http("POST", urls[0] + "/v1/chat/completions", "skulk-00000000-nope", CHAT)
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
 
