@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from skulk_providers.api import Capability, Descriptor, IoMode, ProviderError
-from skulk_providers.client import Caller
+from skulk_providers.client import Caller, CallHandle
 from skulk_providers.config import ProvidersConfig
 from skulk_providers.extensions import check_version
-from skulk_providers.frames import CallError, End, Output, Reorder, Started, decode
+from skulk_providers.frames import CallError, End, Open, Output, Reorder, Started, decode, encode
 from skulk_providers.server import CallServer
 from skulk_testing.conformance import PluginConformance
 
@@ -221,3 +221,18 @@ async def test_wrong_mode_and_departed_caller() -> None:
         assert link.server.active == 0
     finally:
         sweeper.cancel()
+
+
+async def test_payload_caps_both_sides() -> None:
+    link = Link(ProvidersConfig(max_payload_bytes=1024))
+    with pytest.raises(CallError) as err:
+        await link.open(Unary(), {"text": "x" * 5000})  # refused before it leaves the caller
+    assert (err.value.code, err.value.status) == ("payload_too_large", 413)
+    big = Open(call_id="c1", capability=Unary.descriptor.ref, revision=Unary.descriptor.revision,
+               mode=IoMode.UNARY, deadline_s=5, input={"text": "x" * 1500}, has_input=True)  # fmt: skip
+    handle = CallHandle(link.caller, "b", "c1", IoMode.UNARY, 5)
+    link.caller._open["c1"] = handle
+    await link.server.on_frame("a", big, len(encode(big)))  # a caller with a larger cap: the server refuses
+    with pytest.raises(CallError) as err:
+        await handle.result()
+    assert err.value.code == "payload_too_large"
