@@ -24,7 +24,8 @@ segment_s = 1.0
 """
 
 
-def make_batch_fabric(tmp: Path, models_dir: Path) -> Fabric:
+def make_batch_fabric(tmp: Path, models_dir: Path, batch_toml: str = "") -> Fabric:
+    """The fabric; `batch_toml`: more `[plugins.batch]` lines (the bench's settings)."""
     tmp.mkdir(parents=True, exist_ok=True)
     profile = tmp / "profile.toml"
     profile.write_text(
@@ -32,6 +33,7 @@ def make_batch_fabric(tmp: Path, models_dir: Path) -> Fabric:
             default_models="[]", timeout=600.0, multicast="true", engine="engine-llamacpp"
         )
         + BATCH
+        + batch_toml
     )
     cluster = Cluster(tmp, profile, f"b{uuid.uuid4().hex[:10]}", {"SKULK_MODELS_DIR": str(models_dir)})
     try:

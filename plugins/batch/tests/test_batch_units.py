@@ -172,3 +172,22 @@ def test_storage_names_cannot_be_paths(tmp_path: Any) -> None:
     assert storage.read_local("segments", f"{SPEC.id}/0-4") == b"x"
     storage.delete_segments(SPEC.id)
     assert not (tmp_path / "segments" / SPEC.id).exists()
+
+
+def test_batch_lines_step_aside_for_interactive_requests() -> None:
+    from skulk_batch.config import BatchConfig
+    from skulk_batch.service import lines_allowed
+
+    config = BatchConfig(per_replica=2, busy_in_flight=0)
+    # idle replicas: two lines per replica
+    assert lines_allowed(set(), set(), 0, 2, config, False, False) == (4, False)
+    # only the batch's own (marked) lines are open: still idle
+    assert lines_allowed({"b1", "b2"}, {"b1", "b2"}, 2, 2, config, False, False) == (4, False)
+    # a line sent but not yet marked is subtracted by count
+    assert lines_allowed({"b1", "x"}, {"b1"}, 2, 2, config, False, False) == (4, False)
+    # a user's request is open: the batch waits (0 in flight), or runs one line when starving
+    assert lines_allowed({"b1", "user"}, {"b1"}, 1, 2, config, False, False) == (0, True)
+    assert lines_allowed({"user"}, set(), 0, 2, config, True, False) == (1, True)
+    # just after users left: still stepped down for quiet_s
+    assert lines_allowed(set(), set(), 0, 2, config, False, True) == (0, False)
+    assert lines_allowed({"user"}, set(), 0, 2, BatchConfig(busy_in_flight=1), False, False) == (1, True)

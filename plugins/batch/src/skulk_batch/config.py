@@ -24,10 +24,20 @@ class BatchConfig(BaseModel):
         description="batch lines in flight per ready replica of a line's model while no other task is",
     )
     busy_in_flight: int = Field(
-        default=1,
+        default=0,
         ge=0,
         description="batch lines in flight per model while interactive requests are open on its replicas "
-        "(0: batch work waits until they are done)",
+        "(0: batch work waits until they are done, but for max_wait_s)",
+    )
+    max_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a batch that answered no line this long runs one line even while users are served",
+    )
+    quiet_s: float = Field(
+        default=3.0,
+        ge=0,
+        description="after interactive requests were last seen, batch work stays stepped down this long",
     )
     segment_lines: int = Field(default=16, ge=1, description="results recorded through the master in one step")
     segment_s: float = Field(default=2.0, gt=0, description="... or after this long, whichever comes first")

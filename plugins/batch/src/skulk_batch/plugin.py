@@ -61,6 +61,14 @@ async def _sweep_loop(node: NodeSurface) -> None:
 
 
 @hookimpl
+def wrap_inference(node: NodeSurface) -> Any:
+    """Marks the commands of batch lines, so the priority rule tells them from interactive ones."""
+    from .service import BatchMarker
+
+    return BatchMarker(_service(node))
+
+
+@hookimpl
 def startup(node: NodeSurface) -> None:
     service = _service(node)
     node.spawn(service.run(), "batch-keeper")

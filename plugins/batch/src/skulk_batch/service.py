@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
@@ -36,6 +37,28 @@ log = logging.getLogger("skulk.batch")
 OPEN_TASK = ("Pending", "Running")
 
 
+BATCH_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("skulk_batch_line", default=False)
+
+
+class BatchMarker:
+    """Inference middleware (`wrap_inference`): records the command id of every batch line.
+
+    A line runs through the node's own API in the context the runner set `BATCH_LINE` in, so
+    `transform` (called by the API for each command it dispatches, resumes included) sees it.
+    """
+
+    def __init__(self, service: BatchService) -> None:
+        self.service = service
+
+    def transform(self, command: Any) -> Any:
+        if BATCH_LINE.get():
+            self.service.mine[str(command.command_id)] = time.monotonic()
+        return command
+
+    def observe(self, command: Any, chunk: Any) -> None:
+        return None
+
+
 class Superseded(Exception):
     """Another node runs this batch now (its assignment changed)."""
 
@@ -43,6 +66,28 @@ class Superseded(Exception):
 def derived_file_id(batch_id: str, kind: str) -> str:
     """Output and error file ids follow from the batch: a runner that finalizes again writes the same ones."""
     return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+
+
+def lines_allowed(
+    open_ids: set[str],
+    mine: set[str],
+    in_flight: int,
+    replicas: int,
+    config: BatchConfig,
+    starving: bool,
+    still_quiet: bool,
+) -> tuple[int, bool]:
+    """Pure: (lines of a model that may be in flight, whether interactive requests are open now).
+
+    `open_ids`: open tasks on the model's ready replicas; `mine`: the batch lines' command ids
+    (an unmarked line in flight is subtracted by count); `still_quiet`: interactive requests were
+    seen less than `quiet_s` ago.
+    """
+    marked = len(open_ids & mine)
+    interactive = len(open_ids) - marked - max(0, in_flight - marked) > 0
+    if interactive or still_quiet:
+        return (max(1, config.busy_in_flight) if starving else config.busy_in_flight), interactive
+    return config.per_replica * max(1, replicas), False
 
 
 class BatchService:
@@ -54,6 +99,8 @@ class BatchService:
         self.running: dict[str, asyncio.Task[None]] = {}
         self.announced = False
         self.stats: Counter[str] = Counter()
+        self.mine: dict[str, float] = {}  # command ids of this node's batch lines -> when sent (BatchMarker)
+        self.busy_until: dict[str, float] = {}  # model -> until when interactive requests were seen
 
     # ------------------------------------------------------------------ records through the master
 
@@ -195,8 +242,14 @@ class BatchService:
             self.storage.write("files", record.id, data)  # kept here: a runner holds its input
         return parse_input(data, max_lines=self.config.max_lines, max_line_bytes=self.config.max_line_bytes)
 
-    def window(self, model: str, mine: int) -> int:
-        """How many lines of `model` may be in flight now (the priority rule, module docstring)."""
+    def window(self, model: str, in_flight: int, starving: bool = False) -> int:
+        """How many lines of `model` may be in flight now (the priority rule, module docstring).
+
+        Interactive load is every open task on the model's ready replicas that is not one of this
+        node's batch lines (their command ids, recorded by `BatchMarker` as they are sent; a line
+        not yet recorded is subtracted by count). Once seen, the batch stays stepped down for
+        `quiet_s`, so a user sending one request after another is not met by a refilled window.
+        """
         from skulk_api_control.dispatch import InferenceError, resolve_model_id, serving_instances
 
         try:
@@ -204,13 +257,34 @@ class BatchService:
         except InferenceError:
             return 1  # the line answers its 4xx: one at a time
         ready = {inst.instance_id for inst in serving_instances(self.node, model_id)}
-        open_tasks = sum(
-            1 for t in self.node.state.tasks.values() if t.instance_id in ready and str(t.status) in OPEN_TASK
+        now = time.monotonic()
+        open_ids = {
+            str(t.command_id)
+            for t in self.node.state.tasks.values()
+            if t.instance_id in ready and t.status in OPEN_TASK
+        }
+        width, busy = lines_allowed(
+            open_ids,
+            set(self.mine),
+            in_flight,
+            len(ready),
+            self.config,
+            starving,
+            now < self.busy_until.get(model, 0.0),
         )
-        if open_tasks - mine > 0:
+        if busy:
+            self.busy_until[model] = now + self.config.quiet_s
+        if width < self.config.per_replica * max(1, len(ready)):
             self.stats["yielded"] += 1
-            return self.config.busy_in_flight
-        return self.config.per_replica * max(1, len(ready))
+        return width
+
+    def forget_old_lines(self) -> None:
+        """Drop marked command ids whose task is over (bounded: at most a window's worth stays)."""
+        cutoff = time.monotonic() - 30.0
+        tasks = {t.command_id for t in self.node.state.tasks.values() if t.status in OPEN_TASK}
+        for command_id, sent in list(self.mine.items()):
+            if sent < cutoff and command_id not in tasks:
+                del self.mine[command_id]
 
     async def _lines(self, batch: rec.BatchSpec, generation: int, parsed: ParsedInput) -> str:
         """Run the lines from `committed` on; record results in segments. Ends "done", "cancelled" or "expired"."""
@@ -225,7 +299,7 @@ class BatchService:
         done: dict[int, dict[str, Any]] = {}
         in_flight: dict[asyncio.Task[dict[str, Any]], tuple[int, str]] = {}
         per_model: Counter[str] = Counter()
-        last_commit = time.monotonic()
+        last_commit = last_answer = time.monotonic()
         stop: str | None = None
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=("127.0.0.1", 0))
         async with httpx.AsyncClient(transport=transport, base_url="http://batch.local") as client:
@@ -242,9 +316,14 @@ class BatchService:
                             next_i += 1
                             continue
                         model = str(line.body.get("model"))
-                        if per_model[model] >= self.window(model, per_model[model]):
+                        starving = time.monotonic() - last_answer > self.config.max_wait_s
+                        if per_model[model] >= self.window(model, per_model[model], starving):
                             break
-                        task = asyncio.ensure_future(run_line(client, line, self.config.line_attempts))
+                        token = BATCH_LINE.set(True)
+                        try:  # the task copies the context: the line's commands are marked as batch work
+                            task = asyncio.ensure_future(run_line(client, line, self.config.line_attempts))
+                        finally:
+                            BATCH_LINE.reset(token)
                         in_flight[task] = (next_i, model)
                         per_model[model] += 1
                         next_i += 1
@@ -254,8 +333,10 @@ class BatchService:
                             index, model = in_flight.pop(task)
                             per_model[model] -= 1
                             done[index] = task.result()
+                            last_answer = time.monotonic()
                     elif stop is None and next_i < total:
                         await asyncio.sleep(0.25)  # waiting for a replica to be idle
+                    self.forget_old_lines()
                     prog = self._check(batch.id, generation)
                     ready = 0
                     while prog.committed + ready in done:
