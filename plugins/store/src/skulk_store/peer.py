@@ -29,8 +29,10 @@ import logging
 import os
 import secrets
 import shutil
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +44,7 @@ from skulk_kernel.api import ModelCard, NodeResources, NodeSurface, TokenChunk, 
 
 from .peer_files import FileServer, Refused, Served
 from .plugin import STORE_PEER
-from .rangecopy import FileCopy, RangeSource
+from .rangecopy import CHILD_FROM_BYTES, FileCopy, RangeSource, copy_in_child
 from .store import Progress
 
 if TYPE_CHECKING:
@@ -201,6 +203,11 @@ class PeerFetcher:
         self.node = node
         self.loop = loop
         self.last_sources: dict[str, dict[str, int]] = {}  # model id -> node id -> bytes from it
+        self._answered: dict[str, str] = {}  # node id -> the API address that answered its last grant
+        self._http: Any = None
+        self._http_lock = threading.Lock()
+        # made ahead (it loads the CA bundle: half a second on a loaded host), not on the first copy
+        threading.Thread(target=self._client, name="peer-http-client", daemon=True).start()
 
     def holders(self, model_id: str) -> list[tuple[str, list[str]]]:
         """(node id, base URLs to try) of every reachable member that lists the model."""
@@ -223,21 +230,32 @@ class PeerFetcher:
         res = received.reading
         return [f"http://{addr}:{res.api_port}" for addr in res.addresses or ("127.0.0.1",)]
 
+    def _client(self) -> Any:
+        """One HTTP client for every grant: building one costs an SSL context (tens of ms, more on
+        a loaded host), paid per address tried when each request made its own."""
+        import httpx
+
+        with self._http_lock:
+            if self._http is None:
+                self._http = httpx.Client(timeout=httpx.Timeout(10, connect=2))
+            return self._http
+
     def _token(self, model_id: str, holder: str, urls: list[str]) -> Source | None:
         import httpx
 
         stream_id = new_id()
         stream = self.node.streams.open(stream_id, idle_timeout=15)
+        known = self._answered.get(holder)
         try:
-            for url in urls:
+            for url in sorted(urls, key=lambda u: u != known):  # the address that answered last time first
                 try:
-                    answer = httpx.post(
+                    answer = self._client().post(
                         f"{url}/store/peer/grant",
                         json={"model_id": model_id, "requester": self.node.node_id, "stream": stream_id},
-                        timeout=httpx.Timeout(10, connect=2),
                     )
                 except httpx.HTTPError:
                     continue  # that address is not the one the holder's API listens on
+                self._answered[holder] = url
                 if answer.status_code != 200:
                     log.info("peer %s refused %s: %s", holder, model_id, answer.text[:200])
                     return None
@@ -265,13 +283,15 @@ class PeerFetcher:
         only: set[str] | None = None,
     ) -> Path | None:
         """Copy the model from the members that hold it (`only`: from these members alone)."""
+        asked = time.monotonic()
         holders = [h for h in self.holders(card.model_id) if only is None or h[0] in only]
         if not holders:
             return None
         pinned = {n: m for n, m in dict(card.sections.get("source", {}).get("files", {})).items()}
         sources = []
-        for holder, urls in holders:
-            src = self._token(card.model_id, holder, urls)
+        with ThreadPoolExecutor(len(holders), thread_name_prefix="peer-grant") as pool:  # every holder at once
+            granted = list(pool.map(lambda h: (h[0], self._token(card.model_id, h[0], h[1])), holders))
+        for holder, src in granted:
             if src is None:
                 continue
             wrong = [
@@ -297,13 +317,14 @@ class PeerFetcher:
         took = time.monotonic() - began
         self.last_sources[card.model_id] = {s.node_id: s.sent for s in sources}
         log.info(
-            "copied %s (%.1f MB) from %d peer(s) %s in %.1f s (%.1f MB/s)",
+            "copied %s (%.1f MB) from %d peer(s) %s in %.2f s (%.1f MB/s; grants %.2f s before)",
             card.model_id,
             total / 1e6,
             len(sources),
             {s.node_id[:8]: s.sent for s in sources},
             took,
             total / 1e6 / max(took, 1e-6),
+            began - asked,
         )
         shutil.rmtree(staging / ".peer", ignore_errors=True)
         return staging
@@ -332,7 +353,7 @@ def copy_file(
             continue
         ranged = [_range_source(s, model_id, name) for s in group]
         copy = FileCopy(part, size, want, ranged, lambda done: reporter.update({name: done}, progress))
-        result = copy.run()
+        result = copy_in_child(copy) if size >= CHILD_FROM_BYTES else copy.run()
         reporter.update({name: copy.done_bytes}, progress, done=result.status == "ok")
         for src, r in zip(group, ranged, strict=True):
             src.sent += r.received

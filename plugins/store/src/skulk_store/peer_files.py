@@ -13,7 +13,10 @@ bound to a member and a model; see peer.py); the server only speaks HTTP and cou
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,7 +125,27 @@ class _RangeHandler(BaseHTTPRequestHandler):
             self.end_headers()
             sent = 0
             try:
-                if end >= start:
-                    sent = self.connection.sendfile(f, start, end - start + 1)
+                sent = _send_range(self.connection, f.fileno(), start, end - start + 1)
+            except OSError:  # the requester went away or stalled: this connection is over
+                self.close_connection = True
             finally:
                 self.owner.on_sent(answer.requester, sent)
+
+
+def _send_range(sock: socket.socket, fd: int, offset: int, count: int) -> int:
+    """`count` bytes of `fd` from `offset` by `os.sendfile` on the blocking socket: one call usually
+    sends the whole range with the GIL released (a Python-level timeout would make it a loop of
+    non-blocking calls, one per socket buffer); the kernel's SO_SNDTIMEO ends a stalled send."""
+    timeout = sock.gettimeout()
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(IDLE_TIMEOUT_S), 0))
+    sent = 0
+    try:
+        while sent < count:
+            n = os.sendfile(sock.fileno(), fd, offset + sent, count - sent)
+            if not n:
+                break  # the file is shorter than it was when the range was answered
+            sent += n
+    finally:
+        sock.settimeout(timeout)
+    return sent

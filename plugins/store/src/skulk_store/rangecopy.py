@@ -24,11 +24,15 @@ What makes it run at the wire's speed rather than Python's:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -39,9 +43,13 @@ from typing import Literal
 
 log = logging.getLogger("skulk.store.rangecopy")
 RANGE_BYTES = 8 << 20
-IN_FLIGHT_PER_SOURCE = 3
-RECV_BYTES = 1 << 20
-HASH_BYTES = 4 << 20
+IN_FLIGHT_PER_SOURCE = 2
+RECV_BYTES = 1 << 20  # small enough to stay in the CPU's cache between the read and the write
+HASH_BYTES = 1 << 20
+#: Linux moves socket bytes into the file with splice(2) through a pipe; elsewhere recv_into + pwrite
+SPLICE = hasattr(os, "splice") and os.environ.get("SKULK_PEER_SPLICE", "1") != "0"
+PIPE_BYTES = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 MAX_FAILURES = 3
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 30.0
@@ -81,18 +89,41 @@ class _Connection:
     def __init__(self, src: RangeSource) -> None:
         self.src = src
         self.sock: socket.socket | None = None
+        self.pipe: tuple[int, int] | None = None
+        if SPLICE:
+            self.pipe = os.pipe()
+            with contextlib.suppress(OSError):  # a larger pipe: fewer calls (the default is 64 KiB)
+                fcntl.fcntl(self.pipe[1], F_SETPIPE_SZ, PIPE_BYTES)
 
     def close(self) -> None:
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.close()
             self.sock = None
+        if self.pipe is not None:  # bytes left in the pipe belong to a range that failed
+            for end in self.pipe:
+                os.close(end)
+            self.pipe = os.pipe()
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self.pipe[1], F_SETPIPE_SZ, PIPE_BYTES)
+
+    def release(self) -> None:
+        self.close()
+        if self.pipe is not None:
+            for end in self.pipe:
+                os.close(end)
+            self.pipe = None
 
     def fetch(self, start: int, end: int, fd: int, buf: memoryview) -> int:
         src = self.src
         if self.sock is None:
             self.sock = socket.create_connection((src.host, src.port), timeout=CONNECT_TIMEOUT_S)
-            self.sock.settimeout(READ_TIMEOUT_S)
+            # blocking, with the kernel's own timeouts: a Python-level timeout makes every read a
+            # poll and a non-blocking read, with the GIL taken between the two
+            self.sock.settimeout(None)
+            stall = struct.pack("ll", int(READ_TIMEOUT_S), 0)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, stall)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = self.sock
         sock.sendall(
@@ -114,11 +145,19 @@ class _Connection:
             offset += len(extra)
         stop = end + 1
         while offset < stop:
-            n = sock.recv_into(buf, min(len(buf), stop - offset))
+            if self.pipe is not None:  # socket -> pipe -> file in the kernel: no copy through Python
+                n = os.splice(sock.fileno(), self.pipe[1], min(PIPE_BYTES, stop - offset))
+            else:
+                n = sock.recv_into(buf, min(len(buf), stop - offset))
             if not n:
                 self.close()
                 raise ConnectionError(f"the source closed the connection {stop - offset} bytes before the range's end")
-            _pwrite_all(fd, buf[:n], offset)
+            if self.pipe is not None:
+                left = n
+                while left:
+                    left -= os.splice(self.pipe[0], fd, left, offset_dst=offset + n - left)
+            else:
+                _pwrite_all(fd, buf[:n], offset)  # while the block is still in the CPU's cache
             offset += n
         if headers.get("connection", "").lower() == "close":
             self.close()
@@ -256,7 +295,7 @@ class FileCopy:
                     src.received += got
                 self._finish(i, True)
         finally:
-            conn.close()
+            conn.release()
 
     def _hasher(self, digest: hashlib._Hash) -> None:
         """Hash the file in order, each range as soon as it and every range before it have landed."""
@@ -335,3 +374,120 @@ class FileCopy:
             return CopyResult("mismatch", digest.hexdigest(), resumed, received)
         self.record.unlink(missing_ok=True)
         return CopyResult("ok", digest.hexdigest(), resumed, received)
+
+
+# ====================================================================== in a process of its own
+
+#: files at least this large are copied by a child process (`copy_in_child`); smaller ones in-thread
+CHILD_FROM_BYTES = 64 << 20
+
+
+def copy_in_child(copy: FileCopy) -> CopyResult:
+    """Run `copy` in a child process: the copy's threads then never wait for this process's GIL.
+
+    A node copying a model is also serving: its event loop, the API's streams and the plugins'
+    threads hold the GIL in turn, and every `recv_into`/`pwrite` of the copy has to take it back
+    (up to the 5 ms switch interval each time). The child runs `FileCopy` alone; the job, tokens
+    included, goes on its stdin (never its argv, which `ps` shows), progress and the result come back
+    as JSON lines on its stdout. The child exits when its stdin closes, so a node that dies or gives
+    up takes its copy with it; the resume record it leaves behind is the same as in-thread.
+    """
+    job = {
+        "part": str(copy.part),
+        "size": copy.size,
+        "sha256": copy.sha256,
+        "range_bytes": copy.range_bytes,
+        "in_flight": copy.in_flight,
+        "sources": [
+            {"node_id": s.node_id, "host": s.host, "port": s.port, "target": s.target, "token": s.token}
+            for s in copy.sources
+            if not s.broken
+        ],
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skulk_store.rangecopy"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    result: CopyResult | None = None
+    try:
+        proc.stdin.write(json.dumps(job).encode() + b"\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            message = json.loads(line)
+            if "done" in message:
+                copy.done_bytes = int(message["done"])
+                copy.on_progress(copy.done_bytes)
+            elif "result" in message:
+                r = message["result"]
+                result = CopyResult(r["status"], r["digest"], r["resumed_bytes"], r["received"])
+                by_id = {s.node_id: s for s in copy.sources}
+                for node_id, state in r["sources"].items():
+                    src = by_id[node_id]
+                    src.received, src.failures = state["received"], state["failures"]
+                    src.broken, src.last_error = state["broken"], state["last_error"]
+                break
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if result is None:
+        log.warning("the copy process for %s ended without a result (exit %s)", copy.part.name, proc.returncode)
+        return CopyResult("incomplete", received={s.node_id: s.received for s in copy.sources})
+    return result
+
+
+def _child() -> None:
+    job = json.loads(sys.stdin.readline())
+
+    def orphaned() -> None:  # the parent closed stdin (it died, or gave up): stop at once
+        sys.stdin.read()
+        os._exit(3)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    out = sys.stdout
+    lock = threading.Lock()
+
+    def say(message: dict[str, object]) -> None:
+        with lock:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+
+    sources = [RangeSource(**s) for s in job["sources"]]
+    copy = FileCopy(
+        Path(job["part"]),
+        int(job["size"]),
+        str(job["sha256"]),
+        sources,
+        lambda done: say({"done": done}),
+        int(job["range_bytes"]),
+        int(job["in_flight"]),
+    )
+    r = copy.run()
+    say(
+        {
+            "result": {
+                "status": r.status,
+                "digest": r.digest,
+                "resumed_bytes": r.resumed_bytes,
+                "received": r.received,
+                "sources": {
+                    s.node_id: {
+                        "received": s.received,
+                        "failures": s.failures,
+                        "broken": s.broken,
+                        "last_error": s.last_error,
+                    }
+                    for s in sources
+                },
+            }
+        }
+    )
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _child()
