@@ -23,7 +23,7 @@ Suites (and the fixtures a subclass must provide):
 * `PluginConformance`           `plugin_name` (class attribute): entry point, no heavy imports,
                                 hookimpls match the specs, config model has defaults
 * `EngineConformance`           `engine`, `runner_spec` (class-scoped classmethods); optional
-                                `embedding_runner_spec`, `facts`. Besides the text tests (skipped
+                                `embedding_runner_spec`, `rerank_runner_spec`, `facts`. Besides the text tests (skipped
                                 for an engine without TextGeneration), a loaded session must
                                 implement the session Protocol of every kind in `engine.tasks`, and
                                 no method of the engine's classes may only refuse (`refusal_stubs`)
@@ -96,9 +96,12 @@ from skulk_kernel.api import (
     PlacementRequest,
     Planner,
     PromptChunk,
+    RerankParams,
+    RerankSession,
     RingInstance,
     RunnerSpec,
     SamplingParams,
+    ScoreChunk,
     State,
     TextGeneration,
     TextGenerationParams,
@@ -381,6 +384,12 @@ class EngineConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
+    def rerank_runner_spec(cls) -> RunnerSpec | None:
+        """A spec for a reranking model, when the engine lists TextRerank in `tasks`."""
+        return None
+
+    @pytest.fixture(scope="class")
+    @classmethod
     def facts(cls) -> dict[str, Any]:
         """Node facts passed to backend_tags (what probe_node hooks gathered)."""
         return {}
@@ -425,6 +434,21 @@ class EngineConformance:
             pytest.skip("provide `embedding_runner_spec` for an embedding model")
         session = engine.load(spec, lambda done, total: None)
         yield session, spec
+        session.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def rerank_session(
+        cls, engine: Any, rerank_runner_spec: RunnerSpec | None, probe: EngineProbe
+    ) -> Iterator[tuple[Any, RunnerSpec]]:
+        if "TextRerank" not in engine.tasks:
+            pytest.skip("not a reranking engine")
+        if not probe.available:
+            pytest.skip(f"engine {engine.name} is not available here: {probe.reason}")
+        if rerank_runner_spec is None or "TextRerank" not in rerank_runner_spec.card.tasks:
+            pytest.skip("provide `rerank_runner_spec` for a reranking model")
+        session = engine.load(rerank_runner_spec, lambda done, total: None)
+        yield session, rerank_runner_spec
         session.close()
 
     # ---------------------------------------------------------------- helpers
@@ -609,6 +633,25 @@ class EngineConformance:
             assert all(math.isfinite(x) for x in vector)
         first, _, again = chunk.embeddings
         assert all(abs(a - b) < 1e-3 for a, b in zip(first, again, strict=True)), "same input, same vector"
+        assert codec.decode_union(codec.encode(chunk), _CHUNK) == chunk
+
+    # ---------------------------------------------------------------- reranking
+
+    def test_rerank(self, rerank_session: tuple[Any, RunnerSpec]) -> None:
+        """A score per document in the request's order: the same document scores the same wherever it
+        stands (a cross-encoder reads each pair alone)."""
+        session, spec = rerank_session
+        docs = (*self.embed_inputs, "an unrelated sentence about ships")
+        params = RerankParams(model_id=spec.card.model_id, query="a fox", documents=docs)
+        assert isinstance(session, RerankSession), "a reranking session implements contracts.RerankSession"
+        chunk = session.rerank("conf-rerank", params)
+        assert isinstance(chunk, ScoreChunk), f"rerank returned {type(chunk).__name__}"
+        assert chunk.command_id == "conf-rerank" and is_terminal(chunk)
+        assert len(chunk.scores) == len(docs) and all(math.isfinite(x) for x in chunk.scores)
+        assert abs(chunk.scores[0] - chunk.scores[2]) < 1e-3, "same document, same score"
+        again = session.rerank("conf-rerank-2", params.model_copy(update={"documents": docs[::-1]}))
+        assert isinstance(again, ScoreChunk)
+        assert all(abs(a - b) < 1e-3 for a, b in zip(again.scores, chunk.scores[::-1], strict=True))
         assert codec.decode_union(codec.encode(chunk), _CHUNK) == chunk
 
 
