@@ -172,6 +172,11 @@ def test_place_instance_creates_the_planned_instance() -> None:
         view(),
     )
     assert again.events == ()
+    # a request's on-demand load (if_absent) places nothing when the model has an instance already
+    placed = applied(State(), NodeJoined(node_id=NodeId("a")), event)
+    on_demand = PlaceInstance(command_id=CommandId("p2"), model_id=ModelId("m"), if_absent=True)
+    assert decide(placed, on_demand, view()).events == ()
+    assert decide(placed, on_demand.model_copy(update={"if_absent": False}), view()).events != ()
 
 
 def test_place_instance_refusal_is_logged_not_indexed() -> None:

@@ -31,6 +31,7 @@ class PlaceInstance(CommandBase):
     system_role: str | None = None  # stamped on the instance (see RingInstance.system_role)
     context_tokens: int | None = Field(default=None, ge=1)  # None: the planner's default
     kv_cache_type: KvCacheType = "f16"
+    if_absent: bool = False  # place only when no instance of the model exists (a request's on-demand load)
 
 
 class CreateInstance(CommandBase):

@@ -310,6 +310,8 @@ def dispatch(state: State, command: cmd.Request, view: DecisionView) -> Decision
 
 @_decide.register
 def _(command: cmd.PlaceInstance, state: State, view: DecisionView) -> Decision:
+    if command.if_absent and any(i.shard_assignments.model_id == command.model_id for i in state.instances.values()):
+        return NOTHING
     try:
         instance = place(state, command, view)
     except PlacementError as exc:

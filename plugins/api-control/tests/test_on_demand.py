@@ -40,7 +40,7 @@ class FakeNode:
             return Outcome(command_id=command.command_id, status="refused", reason="no telemetry yet", retryable=True)
         if self.status == "indexed":
             assignments = SimpleNamespace(model_id=command.model_id)
-            self.state.instances[f"i{len(self.submitted)}"] = SimpleNamespace(shard_assignments=assignments)
+            self.state.instances[command.command_id] = SimpleNamespace(shard_assignments=assignments)
             asyncio.get_running_loop().call_later(0.3, setattr, self, "ready", True)  # loaded a bit later
         return Outcome(command_id=command.command_id, status=self.status, reason=self.reason)  # type: ignore[arg-type]
 
@@ -65,8 +65,9 @@ async def test_requests_arriving_together_make_one_placement_and_are_served() ->
     node = FakeNode("indexed")
     got = await asyncio.gather(*(on_demand.model_for(node, "tts-1", "SpeechSynthesis", True) for _ in range(10)))  # type: ignore[arg-type]
     assert got == [MODEL] * 10 and len(node.places()) == 1
-    assert node.places()[0].model_id == MODEL
-    assert node.state.plugin_data["master"] == {"keep_alive/i1": {"seconds": None}}  # the master's default
+    placed = node.places()[0]
+    assert placed.model_id == MODEL and placed.if_absent  # several API nodes at once: still one instance
+    assert node.state.plugin_data["master"] == {f"keep_alive/{placed.command_id}": {"seconds": None}}  # the default
 
 
 async def test_a_refused_placement_is_a_409_with_the_reason_at_once() -> None:
@@ -99,9 +100,10 @@ async def test_the_request_keep_alive_marks_the_instance_and_a_later_one_updates
         return await on_demand.model_for(node, "m", "TextGeneration", True)  # type: ignore[arg-type]
 
     await asyncio.create_task(ask(2.0), context=contextvars.Context())
-    assert node.state.plugin_data["master"] == {"keep_alive/i1": {"seconds": 2.0}}
+    key = f"keep_alive/{node.places()[0].command_id}"
+    assert node.state.plugin_data["master"] == {key: {"seconds": 2.0}}
     await asyncio.create_task(ask(-1.0), context=contextvars.Context())
-    assert node.state.plugin_data["master"] == {"keep_alive/i1": {"seconds": -1.0}}
+    assert node.state.plugin_data["master"] == {key: {"seconds": -1.0}}
     sent = len(node.submitted)
     await asyncio.create_task(ask(-1.0), context=contextvars.Context())  # unchanged: nothing sent
     assert len(node.submitted) == sent and len(node.places()) == 1

@@ -109,6 +109,16 @@ def test_the_default_keep_alive_and_the_never_expiring_ones() -> None:
     assert c.clock.expires_at(c.state, "i3", 300, c.now) is None
 
 
+def test_a_default_model_placed_by_a_request_first_stays() -> None:
+    c = Cluster()
+    c.placed(seconds=0)  # a request reached it before the master placed its default models
+    c.request("t1")
+    c.apply(TaskDeleted(task_id="t1"))  # type: ignore[arg-type]
+    c.at(600)
+    assert c.clock.expired(c.state, 300, c.now, kept=frozenset({"m"})) == []
+    assert c.expired() == ["i1"]
+
+
 def test_a_fresh_instance_waits_for_the_request_that_placed_it() -> None:
     c = Cluster()
     c.placed(seconds=0)

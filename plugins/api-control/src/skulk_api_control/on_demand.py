@@ -82,10 +82,11 @@ async def model_for(node: NodeSurface, ref: str, task: str, place_on_request: bo
 
 async def _place_and_wait(node: NodeSurface, model_id: str) -> None:
     log.info("%s asked for with no instance: placing it", model_id)
-    before = {i for i, inst in node.state.instances.items() if inst.shard_assignments.model_id == model_id}
     deadline = time.monotonic() + RETRY_REFUSED_S
-    while True:
-        outcome = await node.submit(PlaceInstance(command_id=CommandId(new_id()), model_id=ModelId(model_id)))
+    while True:  # if_absent: however many API nodes ask at once (or the master's default models), one instance
+        command_id = CommandId(new_id())
+        place = PlaceInstance(command_id=command_id, model_id=ModelId(model_id), if_absent=True)
+        outcome = await node.submit(place)
         if outcome.status != "refused" or not outcome.retryable or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
@@ -95,12 +96,9 @@ async def _place_and_wait(node: NodeSurface, model_id: str) -> None:
         )
     if not outcome.ok:
         raise InferenceError(503, f"model {model_id!r} could not be placed: {outcome.status} (no master yet?); retry")
-    placed = [i for i, inst in node.state.instances.items() if inst.shard_assignments.model_id == model_id]
-    new = [i for i in placed if i not in before]
-    if new:
+    if command_id in node.state.instances:  # ours (the planner names an instance after its command)
         given = KEEP_ALIVE.get()
-        value = {"seconds": given[0] if given else None}
-        entries = tuple((mark_key(i), value) for i in new)
+        entries = ((mark_key(command_id), {"seconds": given[0] if given else None}),)
         await node.submit(SetPluginData(command_id=CommandId(new_id()), plugin=MARKS_PLUGIN, entries=entries))
     ready_by = time.monotonic() + READY_TIMEOUT_S
     while not serving_instances(node, model_id):

@@ -117,12 +117,17 @@ class IdleClock:
         since = now if self.busy(state, instance_id) else self.last_used.get(instance_id, now)
         return since + timedelta(seconds=seconds)
 
-    def expired(self, state: State, default_s: float, now: datetime) -> list[str]:
-        """The on-demand instances to remove now (the master's pass): ready, idle past keep_alive."""
+    def expired(self, state: State, default_s: float, now: datetime, kept: frozenset[str] = frozenset()) -> list[str]:
+        """The on-demand instances to remove now (the master's pass): ready, idle past keep_alive.
+
+        `kept`: the master's default models; a request may have placed one first (before the
+        master's own pass), and a default model stays until deleted whoever placed it."""
         gone: list[str] = []
         for instance_id in marks(state):
             inst = state.instances.get(InstanceId(instance_id))
             if inst is None or not instance_ready(inst, state.runners) or self.busy(state, instance_id):
+                continue
+            if inst.shard_assignments.model_id in kept:
                 continue
             seen = self.ready_seen.setdefault(instance_id, now)
             if instance_id not in self.served and (now - seen).total_seconds() < LOAD_GRACE_S:

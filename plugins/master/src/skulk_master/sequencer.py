@@ -346,7 +346,9 @@ class Master:
     async def _expire_idle(self) -> None:
         """Remove the on-demand instances idle past their keep_alive (keep_alive.py), and stale marks."""
         view = self.view()
-        for instance_id in self.idle.expired(self.state, self.config.keep_alive_s, view.now):
+        defaults = () if self.node.options.extra.get("no_default_models") else self.config.default_models
+        kept = frozenset(card.model_id for ref in defaults if (card := resolve_card(self.node, ref)) is not None)
+        for instance_id in self.idle.expired(self.state, self.config.keep_alive_s, view.now, kept):
             log.info("removing %s: idle past its keep_alive", instance_id)
             ended = teardown(self.state, instance_id, "idle past its keep_alive", failed=False, view=view)
             await self.carry_out(ended, self.node.node_id)
