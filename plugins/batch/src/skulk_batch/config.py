@@ -44,4 +44,4 @@ class BatchConfig(BaseModel):
     copies: int = Field(default=2, ge=1, description="nodes that hold each file and each result segment")
     line_attempts: int = Field(default=8, ge=1, description="tries of a line that answers 429 or 5xx before it fails")
     keeper_interval_s: float = Field(default=0.5, gt=0, description="how often nodes look for batches to run")
-    files_dir: str | None = Field(default=None, description="where files live (default <SKULK_HOME>/batch)")
+    files_dir: str = Field(default="", description="where files live (default: <home>/batch)")
