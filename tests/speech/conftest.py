@@ -23,7 +23,8 @@ WHISPER = "Systran/faster-whisper-tiny.en"
 PROFILE = """
 [profile]
 name = "speech-test"
-plugins = ["transport-zenoh", "election-bully", "master", "worker", "store", "speech", "api-control", "api-openai"]
+plugins = ["transport-zenoh", "election-bully", "master", "worker", "store", "speech", "api-control", "api-openai",
+           "providers"]
 
 [planes]
 control = "zenoh"

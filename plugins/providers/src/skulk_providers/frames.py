@@ -22,6 +22,7 @@ ERRORS: dict[str, int] = {
     "wrong_mode": 400,  # a streaming capability through the unary route, or the reverse
     "unknown_node": 404,
     "unknown_capability": 404,
+    "model_not_placed": 404,  # a first-party speech capability with no model of its kind placed
     "revision_mismatch": 409,  # the descriptor changed since discovery: discover again
     "payload_too_large": 413,
     "busy": 429,  # the node's concurrent-call cap is reached

@@ -30,7 +30,13 @@ def startup(node: NodeSurface) -> None:
     from .service import ProviderService
 
     config = node.plugin_config(PLUGIN) or ProvidersConfig()
-    service = ProviderService(node, config, load(config.extensions))
+    loaded = load(config.extensions)
+    if config.first_party:
+        from .speech import speech_capabilities
+
+        for cap in speech_capabilities(node):  # first-party: composed by the profile, not found by stevedore
+            loaded.capabilities.setdefault(cap.descriptor.ref, cap)
+    service = ProviderService(node, config, loaded)
     node.services.publish(PROVIDERS, service)
     service.start()
 
