@@ -21,7 +21,7 @@ from tests.serving.placing import place_until_listed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-RERANKER, CHAT = "test/tiny-reranker", "test/tiny-chat-card"
+RERANKER, CHAT, ON_DEMAND = "test/tiny-reranker", "test/tiny-chat-card", "test/tiny-reranker-on-demand"
 QUERY = "what is the capital of france"
 DOCS = ["the cat is blue", "paris is the capital of france", "dogs and cats"]
 
@@ -38,7 +38,7 @@ def rerank_node(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     node = start_node("cpu-llamacpp", "--no-default-models", home=tmp_path_factory.mktemp("rerank"), env=env)
     try:
         node.wait_api(timeout=60)
-        for path, model_id in ((reranker, RERANKER), (chat, CHAT)):
+        for path, model_id in ((reranker, RERANKER), (chat, CHAT), (reranker, ON_DEMAND)):
             added = node.post("/models/add", json={"path": str(path), "model_id": model_id}, timeout=30)
             assert added.status_code == 200, added.text
         place_until_listed(node, RERANKER)
@@ -84,6 +84,13 @@ def test_rerank_orders_documents_by_the_engines_scores(rerank_node: NodeProcess)
     data = score.json()["data"]
     assert [d["index"] for d in data] == [0, 1, 2]
     assert [d["score"] for d in data] == pytest.approx([by_doc[d] for d in DOCS], abs=1e-4)
+
+
+def test_a_reranker_with_no_instance_is_placed_on_request(rerank_node: NodeProcess) -> None:
+    body = {"model": ON_DEMAND, "query": QUERY, "documents": DOCS}
+    r = rerank_node.post("/v1/rerank", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["results"]) == 3 and rerank_node.ready_instances(ON_DEMAND)
 
 
 @pytest.mark.parametrize(

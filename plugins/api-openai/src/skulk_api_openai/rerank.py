@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 from skulk_api_control.adapter_routes import ErrorAnswers, answer, read_json
-from skulk_api_control.dispatch import InferenceHandle, resolve_model_id, start
+from skulk_api_control.dispatch import InferenceError, InferenceHandle, start
+from skulk_api_control.on_demand import model_for, replaced_meanwhile
 from skulk_api_control.openapi_body import body_schema
 from skulk_api_control.requests_common import StrictBody as _In
 from skulk_kernel.api import Chunk, CommandId, ErrorChunk, NodeSurface, RerankParams, ScoreChunk, TextRerank, new_id
@@ -99,12 +100,20 @@ def parse_score(data: dict[str, Any]) -> RerankParams:
 
 
 async def rerank(node: NodeSurface, params: RerankParams) -> InferenceHandle:
-    """One TextRerank task on a ready reranker (an InferenceError when the model cannot rerank)."""
-    model_id = resolve_model_id(node, params.model_id, task="TextRerank")
+    """One TextRerank task on a ready reranker, placed first when on demand, as embeddings are (an
+    InferenceError when the model cannot rerank, or is removed between the two and cannot be placed)."""
+    model_id = await model_for(node, params.model_id, "TextRerank")
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
-    command = TextRerank(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
-    return await start(node, command)
+    for again in (False, True):
+        command = TextRerank(command_id=CommandId(new_id()), owner_node_id=node.node_id, params=params)
+        try:
+            return await start(node, command)
+        except InferenceError as exc:
+            if again or not replaced_meanwhile(node, exc):
+                raise
+            await model_for(node, model_id, "TextRerank")  # removed (keep_alive) in between: placed again
+    raise AssertionError("unreachable")
 
 
 @dataclass
