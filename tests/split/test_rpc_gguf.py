@@ -13,16 +13,17 @@ again on the nodes left.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 from skulk_testing.nodes import NodeProcess, start_node
+
+from tests.split import splits
+from tests.split.splits import delete_all, kill_mid_stream, wait_placed_again
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("xllamacpp")
@@ -89,21 +90,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory, models_dir: Path, rpc_build:
 
 
 def place(node: NodeProcess, model: str, *, min_nodes: int = 1, timeout: float = 300) -> dict[str, Any]:
-    for _ in range(60):  # telemetry may still be gossiping right after the cluster formed
-        r = node.post("/place_instance", json={"model_id": model, "min_nodes": min_nodes, "context_tokens": 2048})
-        if r.status_code != 503:
-            break
-        time.sleep(1)
-    assert r.status_code == 200, r.text
-    instance_id = r.json()["instance_id"]
-    node.wait_until(lambda: instance_id in node.ready_instances(model), timeout, f"{model} on {min_nodes} node(s)")
-    return next(iter(node.state()["instances"][instance_id].values()))
-
-
-def delete_all(node: NodeProcess) -> None:
-    for instance_id in list(node.state()["instances"]):
-        httpx.delete(node.url + "/instance/" + instance_id, timeout=30)
-    node.wait_until(lambda: not node.state()["instances"], 60, "no instances")
+    return splits.place(node, model, timeout=timeout, min_nodes=min_nodes, context_tokens=2048)
 
 
 def greedy(node: NodeProcess, model: str, prompts: tuple[str, ...] = PROMPTS, max_tokens: int = 48) -> list[str]:
@@ -204,46 +191,7 @@ def test_killing_a_ranks_node_ends_the_stream_and_the_instance_is_placed_again(n
     # the rank that only lends memory (the master too, when it is one: the stream must end all the same)
     victim = next(n for i, n in ids.items() if i in ranks and i != driver)
     api = next(n for n in nodes if n is not victim)
-    error, killed_at, received = None, None, 0
-    with httpx.stream(
-        "POST",
-        api.url + "/v1/chat/completions",
-        timeout=300,
-        json={
-            "model": SMOLLM2,
-            "stream": True,
-            "max_tokens": 400,
-            "temperature": 0,
-            "messages": [{"role": "user", "content": "Tell me a very long story about the sea."}],
-        },
-    ) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if "error" in data:
-                error = data["error"]
-                break
-            received += 1
-            if received == 8:
-                victim.kill()
-                killed_at = time.monotonic()
-        assert killed_at is not None, "the stream ended before the kill"
-        gap = time.monotonic() - killed_at
-    assert error is not None, "the stream ended without an error after a rank's node died"
-    assert gap < 5, f"the stream took {gap:.1f}s to end after the kill"
-    survivors = [n for n in nodes if n is not victim]
-    survivor_ids = {i for i, n in ids.items() if n is not victim}
-
-    def placed_again() -> bool:
-        state = survivors[0].state()
-        failed = any(f["instanceId"] == inst["instanceId"] for f in state["instanceFailures"])
-        fresh = [next(iter(w.values())) for iid, w in state["instances"].items() if iid != inst["instanceId"]]
-        return failed and any(set(f["shardAssignments"]["nodeToRunner"]) <= survivor_ids for f in fresh)
-
-    survivors[0].wait_until(placed_again, 120, "the instance to be failed and placed again on the survivors")
-    reason = next(
-        f["reason"] for f in survivors[0].state()["instanceFailures"] if f["instanceId"] == inst["instanceId"]
-    )
+    error, gap = kill_mid_stream(api, victim, SMOLLM2)
+    reason = wait_placed_again(nodes, victim, inst)
     assert "rpc" in reason.lower() or "rank" in reason.lower(), reason
     print(f"\nstream ended {gap:.2f} s after the kill ({error.get('message')!r}); instance failed: {reason}")
