@@ -275,6 +275,160 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path)
     }
 
 
+# ====================================================================== nodes in network namespaces
+
+NS_PROFILE = """
+[profile]
+name = "bench-peer-copy"
+plugins = ["transport-zenoh", "election-bully", "master", "store", "api-control"]
+
+[planes]
+control = "zenoh"
+
+[plugins.master]
+default_models = []
+
+[plugins.transport-zenoh]
+multicast_scouting = false
+hello_interval_s = 0.5
+"""
+
+
+def bench_nodes_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path) -> dict[str, Any]:
+    """Real nodes: A in one namespace, C in another (each sending at most `rate_mbit`), B here.
+
+    Model X is held by A alone, model Y (the same bytes) by A and C: B copying X is one source,
+    B copying Y two; the raw copy goes from A's namespace to this one through the same limit.
+    """
+    from skulk_store.cards import card_from_mapping
+    from skulk_store.store import LocalModelStore, folder_name
+    from skulk_testing.netns import Netns
+    from skulk_testing.nodes import NodeProcess, free_port
+
+    from tests.security.test_netns_security import NsNode, _token, _zenoh_port
+
+    size = blob.stat().st_size
+    one, two = MODEL + "-x", MODEL + "-y"
+    profile = tmp / "profile.toml"
+    profile.write_text(NS_PROFILE)
+    version = f"bench{os.urandom(4).hex()}"
+    spaces = [Netns().up() for _ in range(2)]
+    started: list[NodeProcess] = []
+    raw_proc: subprocess.Popen[bytes] | None = None
+    out: dict[str, list[float]] = {"raw": [], "one": [], "two": []}
+    try:
+        for ns in spaces:
+            if rate_mbit:
+                _limit(ns, rate_mbit)
+        for name, models in (("a", (one, two)), ("c", (two,))):
+            for model in models:
+                card = card_from_mapping(card_mapping(size, digest) | {"model_id": model}, "bench")
+                held = tmp / name / "models" / folder_name(model)
+                held.mkdir(parents=True)
+                os.link(blob, held / NAME)
+                LocalModelStore(tmp / name / "models").install(card, held, NAME, {NAME: digest})
+        common = ("--api-host", "0.0.0.0", "--no-default-models", "--no-worker")
+        b = NodeProcess(
+            profile=str(profile),
+            home=tmp / "b" / "home",
+            api_port=free_port(),
+            args=(*common, "--node-name", "b", "--offline"),
+            env={
+                "HOME": str(tmp / "owner"),
+                "SKULK_NETWORK_VERSION": version,
+                "SKULK_JOIN_TOKEN": "",
+                "SKULK_MODELS_DIR": str(tmp / "b" / "models"),
+            },
+        ).start()
+        started.append(b)
+        b.wait_api()
+        token = _token(tmp, "owner")
+        for name, ns in (("a", spaces[0]), ("c", spaces[1])):
+            node = NsNode(
+                profile=str(profile),
+                home=tmp / name / "home",
+                api_port=free_port(),
+                args=(*common, "--node-name", name, "--bootstrap-peers", f"{ns.host_ip}:{_zenoh_port(b)}"),
+                env={
+                    "HOME": str(tmp / "other"),
+                    "SKULK_NETWORK_VERSION": version,
+                    "SKULK_JOIN_TOKEN": token,
+                    "SKULK_MODELS_DIR": str(tmp / name / "models"),
+                },
+            )
+            node.netns = ns
+            started.append(node.start())
+        _wait(lambda: len(b.state()["topology"]["nodes"]) == 3, 120)
+        for model in (one, two):
+            answer = b.post("/models/add-card", json={"card": card_mapping(size, digest) | {"model_id": model}})
+            assert answer.status_code == 200, answer.text
+
+        def holders(model: str) -> int:
+            return sum(model in r.get("modelsPresent", []) for r in b.state()["nodeResources"].values())
+
+        _wait(lambda: holders(one) == 1 and holders(two) == 2, 60)
+        raw_proc = subprocess.Popen(
+            spaces[0].command(sys.executable, __file__, "--serve-raw", str(blob), "--host", spaces[0].ns_ip),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert raw_proc.stdout is not None
+        raw_port = int(raw_proc.stdout.readline())
+        for r in range(rounds):
+            out["raw"].append(raw_receive(spaces[0].ns_ip, raw_port, size, tmp / "raw.bin"))
+            for key, model, n in (("one", one, 1), ("two", two, 2)):
+                out[key].append(_fetch_on(b, model, size, digest, n, tmp / "b" / "models"))
+            print(
+                f"nodes-netns round {r} ({rate_mbit or 'unlimited'} mbit/s per source): "
+                + ", ".join(f"{k} {size / 1e6 / v[-1]:.0f} MB/s" for k, v in out.items()),
+                flush=True,
+            )
+    finally:
+        if raw_proc is not None:
+            raw_proc.kill()
+            raw_proc.wait(10)
+        for node in started:
+            node.stop()
+        for ns in spaces:
+            ns.down()
+    summary = _summary(size, out["raw"], {"one": out["one"], "two": out["two"]})
+    per_round = [round(o / t, 3) for o, t in zip(out["one"], out["two"], strict=True)]
+    return summary | {
+        "rate_mbit_per_source": rate_mbit,
+        "two_vs_one": round(statistics.median(out["one"]) / statistics.median(out["two"]), 3),
+        "two_vs_one_per_round": per_round,
+        "runs_s": out,
+    }
+
+
+def _limit(ns: Any, rate_mbit: int) -> None:
+    """What the namespace sends, at most `rate_mbit` (a token bucket with 10 ms of burst, >= 1 MB)."""
+    burst = max(rate_mbit * 1000 // 8 // 100, 1 << 20)
+    cmd = f"tc qdisc add dev {ns.ns_if} root tbf rate {rate_mbit}mbit burst {burst} latency 50ms"
+    subprocess.run(ns.command(*cmd.split()), check=True, capture_output=True)
+
+
+def _fetch_on(node: Any, model: str, size: int, digest: str, sources: int, models_dir: Path) -> float:
+    """Seconds from asking `node` for `model` until it is installed; checks the bytes and sources."""
+    from skulk_store.store import folder_name
+
+    began = time.perf_counter()
+    started = node.post(f"/store/models/{model}/download")
+    assert started.status_code == 200, started.text
+    while (status := node.get(f"/store/models/{model}/download").json()).get("status") != "installed":
+        if status.get("status") == "failed":
+            raise RuntimeError(f"{status} {node.log()[-2000:]}")
+        time.sleep(0.01)
+    took = time.perf_counter() - began
+    copied = node.get("/store/transfers").json()["copied_from"][model]
+    assert len(copied) == sources and sum(copied.values()) == size, copied
+    with open(models_dir / folder_name(model) / NAME, "rb") as f:
+        assert hashlib.file_digest(f, "sha256").hexdigest() == digest
+    assert httpx.delete(f"{node.url}/store/models/{model}", timeout=30).status_code == 200
+    _wait(lambda: model not in node.get("/store/storage").json()["models"], 30)
+    return took
+
+
 # ====================================================================== summary
 
 
@@ -309,6 +463,7 @@ def main() -> None:
     parser.add_argument("--rate-mbit", type=int, default=800)
     parser.add_argument("--skip-nodes", action="store_true")
     parser.add_argument("--skip-netns", action="store_true")
+    parser.add_argument("--skip-nodes-netns", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peer_copy.json")
     parser.add_argument("--serve-raw", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -328,6 +483,11 @@ def main() -> None:
         if not args.skip_netns:
             (Path(tmp) / "netns").mkdir()
             result["netns"] = bench_netns(blob, digest, args.rounds, args.rate_mbit, Path(tmp) / "netns")
+        if not args.skip_nodes_netns:
+            (Path(tmp) / "nodes-netns").mkdir()
+            result["nodes_netns"] = bench_nodes_netns(
+                blob, digest, args.rounds, args.rate_mbit, Path(tmp) / "nodes-netns"
+            )
     result["load_avg_after"] = os.getloadavg()
     result["cpu_count"] = os.cpu_count()
     args.out.parent.mkdir(parents=True, exist_ok=True)
