@@ -91,6 +91,16 @@ def test_pull_streams_progress_from_the_hub_then_success(client: Any, hub: Loopb
     assert any(m.model == f"{PULLED}" or m.model == PULLED for m in client.list().models)
 
 
+def test_pull_of_a_catalog_name_fetches_its_files(client: Any, node: NodeProcess, hub: LoopbackHub) -> None:
+    body = {"repo_id": REPO, "file": "tiny-chat.F16.gguf", "model_id": "catalog-tiny", "download": False}
+    assert node.post("/models/add", json=body, timeout=30).status_code == 200  # in the catalog, no files yet
+    steps = list(client.pull("catalog-tiny:latest", stream=True))
+    assert steps[-1].status == "success" and any(s.completed for s in steps if s.digest)
+    assert hub.sent_for("tiny-chat.F16.gguf") > 0
+    listed = {m["id"]: m for m in node.get("/models").json()["data"]}
+    assert listed["catalog-tiny"]["installed"] is True
+
+
 def test_pull_of_an_unknown_name_is_a_404_with_the_reason(client: Any) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.pull("no-such-model-anywhere")
