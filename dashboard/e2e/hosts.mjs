@@ -103,7 +103,11 @@ async function operator(page) {
 
 async function inference(page) {
   await signIn(page, args["inference-key"]);
+  await page.getByTestId("session").waitFor({ timeout: 60_000 });
+  await goto(page, "Topology");
   await page.getByTestId("node-card").first().waitFor({ timeout: 60_000 });
+  result.inferenceNodeCards = await page.getByTestId("node-card").count();
+  await shot(page, "topology-inference");
   result.inferenceScope = await page.getByTestId("session").getAttribute("data-scope");
   await goto(page, "Models");
   await page.getByTestId("operator-only").waitFor();
@@ -121,7 +125,7 @@ async function inference(page) {
 
 async function revoked(page) {
   await signIn(page, args["doomed-key"]);
-  await page.getByTestId("node-card").first().waitFor({ timeout: 60_000 });
+  await page.getByTestId("session").waitFor({ timeout: 60_000 });
   const revokedAt = Date.now();
   const answer = await fetch(`${base}/v1/keys/${args["doomed-id"]}`, {
     method: "DELETE", headers: { authorization: `Bearer ${args["operator-key"]}` },
@@ -137,8 +141,9 @@ async function revoked(page) {
 
 async function link(page) {
   // the link `skulk-kernel keys create` printed: opens signed in, the key gone from the address bar
+  await page.goto("about:blank");
   await page.goto(args.link);
-  await page.getByTestId("node-card").first().waitFor({ timeout: 60_000 });
+  await page.getByTestId("session").waitFor({ timeout: 60_000 });
   result.linkScope = await page.getByTestId("session").getAttribute("data-scope");
   result.linkUrlAfter = page.url();
   log("the printed link opened signed in as", result.linkScope, "at", result.linkUrlAfter);

@@ -334,7 +334,7 @@ def test_a_version_mismatch_on_c_shows_in_a_state_naming_c(lan: Lan) -> None:
     assert reason["node"] == lan.ids["c"] and reason["nodeName"] == "c", reason
     assert intruder.node_id() in reason["message"] and lan.version + "-other" in reason["message"], reason
     assert reason["remediation"].endswith("on c"), reason
-    # C says so itself; A heard it through C's telemetry, it did not see the intruder (bootstrap to C)
+    # C says so itself; A's entry for C is C's own report, carried by C's telemetry (NodeHealthNotes)
     _, c_state = lan.nodes["c"].local("GET", "/state")
     assert any("mismatched_peers" in r["message"] for r in c_state["nodeHealth"][lan.ids["c"]]["reasons"])
 
@@ -386,7 +386,7 @@ def test_dashboard_from_a_laptop_signs_in_with_keys(lan: Lan) -> None:
     assert result["healthCard"]["level"] == "warn", result["healthCard"]
     assert any("mismatched_peers" in r for r in result["healthReasons"]), result["healthReasons"]
     assert result["answer"].strip(), "the operator's chat streamed nothing"
-    assert result["inferenceScope"] == "inference"
+    assert result["inferenceScope"] == "inference" and result["inferenceNodeCards"] == 3, result
     assert result["inferenceLaunchButtons"] == 0 and result["inferencePreviewRows"] == 0, result
     assert result["inferenceDeleteButtons"] == 0, result
     assert result["inferenceAnswer"].strip(), "the inference key's chat streamed nothing"
