@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import openai
+from skulk_batch.config import BatchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -175,7 +176,7 @@ def main() -> None:
         "interactive_req_per_s": round(rate["interactive"], 2),
         "batch_over_interactive": round(rate["batch"] / rate["interactive"], 2),
         "priority": prio,
-        "busy_in_flight": 1 if args.busy_in_flight is None else args.busy_in_flight,
+        "busy_in_flight": BatchConfig().busy_in_flight if args.busy_in_flight is None else args.busy_in_flight,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
