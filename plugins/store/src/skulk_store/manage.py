@@ -199,7 +199,7 @@ class ModelManager:
             active = self.store.downloads.active.get(model_id) or {}
             total = int(active.get("total_bytes") or total)
             yield Progress(label, digest, total, int(active.get("downloaded_bytes") or 0))
-            await asyncio.sleep(POLL_S)
+            await asyncio.wait({task}, timeout=POLL_S)  # at once when the download ends
         if self.store.local_path(model_id) is None:
             error = self.service.errors.get(model_id) or "the download ended without the model's files"
             raise ManageError(502, f"pulling {model_id} failed: {error}")
