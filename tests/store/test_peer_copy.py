@@ -3,7 +3,8 @@ resumed mid-file, and a source killed mid-copy replaced by the other.
 
 Each holder is the store's own file server (`skulk_store.peer_files`) in a process of its own
 (`peer_file_server.py`), killed with SIGKILL where a test needs a member to die; the requester is
-`skulk_store.rangecopy.FileCopy` (and `peer.copy_file`, which retries one source at a time).
+`skulk_store.rangecopy.FileCopy` (in this process, or in a child: `copyproc.copy_in_child`), and
+`peer.copy_file`, which retries one source at a time.
 Speed is the bench's business (`bench/bench_peer_copy.py`); these only check what arrives.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from skulk_store.copyproc import copy_in_child
 from skulk_store.peer import Source, copy_file
 from skulk_store.rangecopy import FileCopy, RangeSource
 
@@ -83,6 +85,22 @@ def test_two_sources_give_the_same_bytes(tmp_path: Path, holders: list[Holder], 
     assert part.read_bytes() == (folder / "w.bin").read_bytes()
     assert sum(result.received.values()) == SIZE
     assert not part.with_name("w.bin.part.ranges").exists()
+
+
+def test_the_copy_in_a_child_process_reports_back(
+    tmp_path: Path, holders: list[Holder], data: tuple[Path, str]
+) -> None:
+    folder, digest = data
+    holders += [Holder(folder), Holder(folder)]
+    sources = [h.source("w.bin", f"node-{i}") for i, h in enumerate(holders)]
+    sources.append(RangeSource("gone", "127.0.0.1", 9, "/files/m?file=w.bin", TOKEN))  # nothing listens
+    seen: list[int] = []
+    copy = FileCopy(tmp_path / "req" / "w.bin.part", SIZE, digest, sources, seen.append, range_bytes=RANGE)
+    result = copy_in_child(copy)
+    assert result.status == "ok" and result.digest == digest
+    assert (tmp_path / "req" / "w.bin.part").read_bytes() == (folder / "w.bin").read_bytes()
+    assert sources[2].broken and "ConnectionRefused" in sources[2].last_error
+    assert sources[0].received + sources[1].received == SIZE and seen[-1] == SIZE
 
 
 def test_a_wrong_digest_is_refused_and_the_damaged_holder_skipped(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import secrets
 import shutil
 import threading
@@ -42,9 +43,10 @@ from fastapi import Request
 from fastapi.responses import FileResponse, JSONResponse
 from skulk_kernel.api import ModelCard, NodeResources, NodeSurface, TokenChunk, new_id
 
+from .copyproc import CHILD_FROM_BYTES, copy_in_child
 from .peer_files import FileServer, Refused, Served
 from .plugin import STORE_PEER
-from .rangecopy import CHILD_FROM_BYTES, FileCopy, RangeSource, copy_in_child
+from .rangecopy import FileCopy, RangeSource
 from .store import Progress
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("skulk.store.peer")
 TOKEN_TTL_S = 600.0
 INVENTORY_LIMIT = 512
+#: holders one copy reads from at once: a receiver's link is full well before this many
+MAX_SOURCES = 4
 
 
 # ====================================================================== holder side
@@ -288,11 +292,14 @@ class PeerFetcher:
         if not holders:
             return None
         pinned = {n: m for n, m in dict(card.sections.get("source", {}).get("files", {})).items()}
-        sources = []
-        with ThreadPoolExecutor(len(holders), thread_name_prefix="peer-grant") as pool:  # every holder at once
-            granted = list(pool.map(lambda h: (h[0], self._token(card.model_id, h[0], h[1])), holders))
+        sources: list[Source] = []
+        # a few holders, drawn at random so that many requesters spread over many holders; their
+        # grants at once (each is an HTTP request and a token over the data plane)
+        asked_for = random.sample(holders, min(len(holders), 2 * MAX_SOURCES))
+        with ThreadPoolExecutor(len(asked_for), thread_name_prefix="peer-grant") as pool:
+            granted = list(pool.map(lambda h: (h[0], self._token(card.model_id, h[0], h[1])), asked_for))
         for holder, src in granted:
-            if src is None:
+            if src is None or len(sources) == MAX_SOURCES:
                 continue
             wrong = [
                 n for n, m in pinned.items() if m.get("sha256") and src.files.get(n, {}).get("sha256") != m["sha256"]

@@ -24,6 +24,7 @@ What makes it run at the wire's speed rather than Python's:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -31,8 +32,6 @@ import logging
 import os
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -153,15 +152,32 @@ class _Connection:
                 self.close()
                 raise ConnectionError(f"the source closed the connection {stop - offset} bytes before the range's end")
             if self.pipe is not None:
-                left = n
-                while left:
-                    left -= os.splice(self.pipe[0], fd, left, offset_dst=offset + n - left)
+                self._drain(fd, n, offset)
             else:
                 _pwrite_all(fd, buf[:n], offset)  # while the block is still in the CPU's cache
             offset += n
         if headers.get("connection", "").lower() == "close":
             self.close()
         return length
+
+    def _drain(self, fd: int, n: int, offset: int) -> None:
+        """The `n` bytes in the pipe into the file at `offset`; through a buffer where the file's
+        filesystem refuses splice (then no more splicing on this connection)."""
+        assert self.pipe is not None
+        left = n
+        try:
+            while left:
+                left -= os.splice(self.pipe[0], fd, left, offset_dst=offset + n - left)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            while left:
+                block = os.read(self.pipe[0], left)
+                _pwrite_all(fd, memoryview(block), offset + n - left)
+                left -= len(block)
+            for end in self.pipe:
+                os.close(end)
+            self.pipe = None
 
     @staticmethod
     def _head(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -374,120 +390,3 @@ class FileCopy:
             return CopyResult("mismatch", digest.hexdigest(), resumed, received)
         self.record.unlink(missing_ok=True)
         return CopyResult("ok", digest.hexdigest(), resumed, received)
-
-
-# ====================================================================== in a process of its own
-
-#: files at least this large are copied by a child process (`copy_in_child`); smaller ones in-thread
-CHILD_FROM_BYTES = 64 << 20
-
-
-def copy_in_child(copy: FileCopy) -> CopyResult:
-    """Run `copy` in a child process: the copy's threads then never wait for this process's GIL.
-
-    A node copying a model is also serving: its event loop, the API's streams and the plugins'
-    threads hold the GIL in turn, and every `recv_into`/`pwrite` of the copy has to take it back
-    (up to the 5 ms switch interval each time). The child runs `FileCopy` alone; the job, tokens
-    included, goes on its stdin (never its argv, which `ps` shows), progress and the result come back
-    as JSON lines on its stdout. The child exits when its stdin closes, so a node that dies or gives
-    up takes its copy with it; the resume record it leaves behind is the same as in-thread.
-    """
-    job = {
-        "part": str(copy.part),
-        "size": copy.size,
-        "sha256": copy.sha256,
-        "range_bytes": copy.range_bytes,
-        "in_flight": copy.in_flight,
-        "sources": [
-            {"node_id": s.node_id, "host": s.host, "port": s.port, "target": s.target, "token": s.token}
-            for s in copy.sources
-            if not s.broken
-        ],
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "skulk_store.rangecopy"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    result: CopyResult | None = None
-    try:
-        proc.stdin.write(json.dumps(job).encode() + b"\n")
-        proc.stdin.flush()
-        for line in proc.stdout:
-            message = json.loads(line)
-            if "done" in message:
-                copy.done_bytes = int(message["done"])
-                copy.on_progress(copy.done_bytes)
-            elif "result" in message:
-                r = message["result"]
-                result = CopyResult(r["status"], r["digest"], r["resumed_bytes"], r["received"])
-                by_id = {s.node_id: s for s in copy.sources}
-                for node_id, state in r["sources"].items():
-                    src = by_id[node_id]
-                    src.received, src.failures = state["received"], state["failures"]
-                    src.broken, src.last_error = state["broken"], state["last_error"]
-                break
-    finally:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if result is None:
-        log.warning("the copy process for %s ended without a result (exit %s)", copy.part.name, proc.returncode)
-        return CopyResult("incomplete", received={s.node_id: s.received for s in copy.sources})
-    return result
-
-
-def _child() -> None:
-    job = json.loads(sys.stdin.readline())
-
-    def orphaned() -> None:  # the parent closed stdin (it died, or gave up): stop at once
-        sys.stdin.read()
-        os._exit(3)
-
-    threading.Thread(target=orphaned, daemon=True).start()
-    out = sys.stdout
-    lock = threading.Lock()
-
-    def say(message: dict[str, object]) -> None:
-        with lock:
-            out.write(json.dumps(message) + "\n")
-            out.flush()
-
-    sources = [RangeSource(**s) for s in job["sources"]]
-    copy = FileCopy(
-        Path(job["part"]),
-        int(job["size"]),
-        str(job["sha256"]),
-        sources,
-        lambda done: say({"done": done}),
-        int(job["range_bytes"]),
-        int(job["in_flight"]),
-    )
-    r = copy.run()
-    say(
-        {
-            "result": {
-                "status": r.status,
-                "digest": r.digest,
-                "resumed_bytes": r.resumed_bytes,
-                "received": r.received,
-                "sources": {
-                    s.node_id: {
-                        "received": s.received,
-                        "failures": s.failures,
-                        "broken": s.broken,
-                        "last_error": s.last_error,
-                    }
-                    for s in sources
-                },
-            }
-        }
-    )
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    _child()
