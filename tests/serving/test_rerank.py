@@ -86,6 +86,19 @@ def test_rerank_orders_documents_by_the_engines_scores(rerank_node: NodeProcess)
     assert [d["score"] for d in data] == pytest.approx([by_doc[d] for d in DOCS], abs=1e-4)
 
 
+def test_the_cohere_sdk_reranks_as_written(rerank_node: NodeProcess) -> None:
+    """Cohere's clients as their users write them: v2 posts to /v2/rerank, v1 to /v1/rerank."""
+    cohere = pytest.importorskip("cohere")
+    v2 = cohere.ClientV2(api_key="unused-on-loopback", base_url=rerank_node.url)
+    got = v2.rerank(model=RERANKER, query=QUERY, documents=DOCS, top_n=2)
+    assert [r.index for r in got.results] != [] and len(got.results) == 2
+    assert got.results[0].relevance_score >= got.results[1].relevance_score
+    v1 = cohere.Client(api_key="unused-on-loopback", base_url=rerank_node.url)
+    old = v1.rerank(model=RERANKER, query=QUERY, documents=DOCS, return_documents=True)
+    assert {r.index for r in old.results} == {0, 1, 2}
+    assert all(r.document is not None and r.document.text == DOCS[r.index] for r in old.results)
+
+
 def test_a_reranker_with_no_instance_is_placed_on_request(rerank_node: NodeProcess) -> None:
     body = {"model": ON_DEMAND, "query": QUERY, "documents": DOCS}
     r = rerank_node.post("/v1/rerank", json=body, timeout=120)
