@@ -60,6 +60,26 @@ code,pre{{background:#eef1f6;border-radius:6px;padding:.15rem .35rem}}pre{{paddi
 """
 
 
+BUILDING = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Skulk</title><meta http-equiv="refresh" content="5">
+<style>body{font:15px/1.5 system-ui,sans-serif;max-width:40rem;margin:4rem auto;padding:0 1rem;color:#1d2330}</style>
+</head><body><h1>Skulk is running</h1>
+<p>The web dashboard is being built beside the node (<code>npm ci</code>, <code>npm run build</code>: about a
+minute the first time). This page reloads itself and shows the dashboard when the build is done.</p>
+<p>The API works meanwhile: <a href="/state">/state</a>, <a href="/docs">/docs</a>.</p>
+</body></html>
+"""
+
+
+def building(root: Path) -> bool:
+    """`./skulk run` builds the dashboard beside the node and names its builder in this marker."""
+    try:
+        os.kill(int((root.parent / ".skulk-building").read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False  # no marker, or its builder is gone (killed mid-build): not building
+    return True
+
+
 def dist_dir() -> Path:
     """Where the built assets are: `$SKULK_DASHBOARD_DIR`, else the checkout's `dashboard/dist`."""
     configured = os.environ.get(DIST_ENV)
@@ -153,6 +173,8 @@ def add_dashboard_routes(app: FastAPI, node: NodeSurface) -> None:
     def index() -> Response:
         root = dist_dir()
         page = root / "index.html"
+        if building(root):
+            return HTMLResponse(BUILDING, status_code=200, headers={"cache-control": "no-cache"})
         if not page.is_file():
             return HTMLResponse(HOW_TO_BUILD.format(dist=root), status_code=200)
         return FileResponse(page, headers={"cache-control": "no-cache"})
