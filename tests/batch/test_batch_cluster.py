@@ -111,3 +111,41 @@ def test_a_batch_survives_the_kill_of_the_node_running_it(batch_fabric: Fabric) 
         f"\nBATCH {LINES} lines in {total_s:.1f} s; runner killed at {committed_at_kill} committed; "
         f"reassigned after {took_over:.2f} s, first new segment after {continued or -1:.2f} s"
     )
+
+
+@pytest.mark.timeout(900)
+def test_a_batch_survives_the_kill_of_the_master_running_it(batch_fabric: Fabric) -> None:
+    """The harder case: the runner is the master, so a new master must be elected before anyone
+    can reassign the batch (and every record written so far must survive the failover)."""
+    fabric = batch_fabric
+    fabric.replicas(2)
+    master = fabric.api
+    survivor = next(iter(fabric.live_workers().values()))
+    submit = openai.OpenAI(base_url=master.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    watch = openai.OpenAI(base_url=survivor.url + "/v1", api_key="unused", max_retries=3, timeout=60)
+    uploaded = submit.files.create(file=("m.jsonl", io.BytesIO(batch_input(LINES // 2))), purpose="batch")
+    batch = submit.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 600
+    while True:
+        counts = watch.batches.retrieve(batch.id).request_counts
+        if counts is not None and counts.completed >= LINES // 4:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    master.kill()
+    killed = time.monotonic()
+    while True:
+        try:
+            done = watch.batches.retrieve(batch.id)
+        except openai.APIError:  # the survivor may answer 503 while the election runs
+            done = None
+        if done is not None and done.status in ("completed", "failed", "cancelled", "expired"):
+            break
+        assert time.monotonic() < deadline, f"batch did not finish after the master's death: {done}"
+        time.sleep(0.5)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and done.request_counts.completed == LINES // 2
+    assert done.output_file_id is not None
+    ids = [json.loads(x)["custom_id"] for x in watch.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(ids) == sorted(f"q-{i}" for i in range(LINES // 2)), "a line answered twice or lost"
+    print(f"\nBATCH after the master's kill: completed {time.monotonic() - killed:.1f} s later")
