@@ -108,6 +108,17 @@ def test_bounds_and_bad_requests_are_4xx_that_say_what_to_fix(client: openai.Ope
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_" + "0" * 24)
     assert httpx.post(node.url + "/v1/files", json={"a": 1}).status_code == 400
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: refused once the count passes the bound
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n\r\n'
+        yield from (b"x" * 10000 for _ in range(40))
+        yield b"\r\n--b--\r\n"
+
+    got = httpx.post(
+        node.url + "/v1/files", content=chunked(), headers={"content-type": "multipart/form-data; boundary=b"}
+    )
+    assert got.status_code == 413 and got.json()["error"]["code"] == "file_too_large"
+    assert httpx.get(node.url + "/v1/batch-peer/files/..%2F..%2Fetc").status_code == 400
     assert httpx.post(node.url + "/v1/batches", content=b"nope").status_code == 400
     # a file with a custom_id used twice fails the batch, with the reason in errors
     dup = jsonl([{"custom_id": "x", "url": "/v1/embeddings", "body": {"model": EMBED, "input": "a"}}] * 2)

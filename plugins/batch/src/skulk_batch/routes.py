@@ -265,11 +265,19 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
 
     @app.put("/v1/batch-peer/{kind}/{name:path}", include_in_schema=False)
     async def peer_put(kind: str, name: str, request: Request) -> Any:
-        body = await request.body()
+        """A member's copy of a file or segment (an output file may outgrow its input: 4x the bound)."""
         try:
-            storage.write(kind, name, body)
+            storage.path(kind, name)
         except StorageError as exc:
             return error(400, str(exc))
+        limit, parts, seen = 4 * config.max_file_bytes, [], 0
+        async for piece in request.stream():
+            seen += len(piece)
+            if seen > limit:
+                return error(413, f"a copy larger than {limit} bytes is refused", "file_too_large")
+            parts.append(piece)
+        body = b"".join(parts)
+        storage.write(kind, name, body)
         return {"stored": len(body)}
 
     @app.get("/v1/batch-peer/{kind}/{name:path}", include_in_schema=False)

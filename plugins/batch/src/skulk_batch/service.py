@@ -35,6 +35,7 @@ from .storage import Storage
 
 log = logging.getLogger("skulk.batch")
 OPEN_TASK = ("Pending", "Running")
+RETRY_S = 10.0
 
 
 BATCH_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("skulk_batch_line", default=False)
@@ -101,6 +102,7 @@ class BatchService:
         self.stats: Counter[str] = Counter()
         self.mine: dict[str, float] = {}  # command ids of this node's batch lines -> when sent (BatchMarker)
         self.busy_until: dict[str, float] = {}  # model -> until when interactive requests were seen
+        self.retry_at: dict[str, float] = {}  # batch -> when to try again after it stopped with an error
 
     # ------------------------------------------------------------------ records through the master
 
@@ -146,7 +148,7 @@ class BatchService:
                 continue
             task = self.running.get(batch.id)
             if task is None or task.done():
-                if self.app is None:
+                if self.app is None or time.monotonic() < self.retry_at.get(batch.id, 0.0):
                     continue
                 self.running[batch.id] = self.node.spawn(
                     self.execute(batch.id, assigned.generation), f"batch-{batch.id}"
@@ -193,8 +195,9 @@ class BatchService:
             log.warning("batch %s: another node runs it now; this node stops", batch_id)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("batch %s failed on this node (the keeper retries it)", batch_id)
+        except Exception as exc:
+            log.warning("batch %s stopped on this node (tried again in %.0f s): %r", batch_id, RETRY_S, exc)
+            self.retry_at[batch_id] = time.monotonic() + RETRY_S
 
     async def _execute(self, batch_id: str, generation: int) -> None:
         batch = rec.spec(self.node.state, batch_id)
