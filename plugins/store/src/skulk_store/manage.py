@@ -45,6 +45,7 @@ from .plugin import STORE, STORE_SERVICE
 DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/")
 POLL_S = 0.25
+BLOB_CHECK_BYTES = 256 << 20
 
 
 class ManageError(Exception):
@@ -268,18 +269,26 @@ class ModelManager:
             return False
         from .disk import InsufficientDisk
 
-        try:
-            await asyncio.to_thread(self.store.ensure_room, size or 0, f"storing blob {digest}")
-        except InsufficientDisk as exc:
-            raise ManageError(507, str(exc)) from None
+        async def room(need: int) -> None:
+            try:
+                await asyncio.to_thread(self.store.ensure_room, need, f"storing blob {digest}")
+            except InsufficientDisk as exc:
+                raise ManageError(507, str(exc)) from None
+
+        await room(size or 0)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.{new_id()[:8]}.partial")
         sha = hashlib.sha256()
+        written = checked = 0
         try:
             with partial.open("wb") as out:
                 async for chunk in chunks:
                     sha.update(chunk)
                     out.write(chunk)
+                    written += len(chunk)
+                    if size is None and written - checked > BLOB_CHECK_BYTES:  # no length announced: the
+                        await room(BLOB_CHECK_BYTES)  # disk is checked as the upload grows, not filled
+                        checked = written
             if f"sha256:{sha.hexdigest()}" != f"sha256:{path.name.removeprefix('sha256-')}":
                 raise ManageError(400, f"the upload's sha256 is {sha.hexdigest()}, not the {digest} it was sent as")
             os.replace(partial, path)
