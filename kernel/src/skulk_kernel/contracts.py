@@ -312,11 +312,11 @@ SESSION_PROTOCOLS: Mapping[str, type] = {
 class VisionInput(Protocol):
     """A capability of a TextGenerationSession: its model takes images as well as text.
 
-    The seam for vision models (mllama, a llama.cpp model with its mmproj). Today no request carries
-    images: `TextGenerationParams` messages are text and the API adapters refuse image parts. The
-    work that adds images to the params has a session that can read them set `takes_images` (True
-    once the vision tower is loaded) and refuses an image-bearing request to one that does not
-    (`takes_images(session)`). A session without the attribute is text-only.
+    Images arrive as `ChatMessage.images` references (digest and size); the session reads their bytes
+    from the data plane (api-control's `vision_wire.receive_images`) and sets `takes_images` True once
+    its vision tower is loaded. The runner refuses an image-bearing request (400) to a session that
+    does not (`takes_images(session)`); one without the attribute is text-only. A failing image
+    preprocessor fails the request: it never answers from the text alone.
     """
 
     takes_images: bool

@@ -33,6 +33,7 @@ class ChatMessage(WireModel):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple[str, ...] = ()  # "sha256:<hex>:<bytes>" each; the bytes ride the data plane (api-control vision)
 
     def template_dict(self, *, with_reasoning: bool = False) -> dict[str, Any]:
         """This message as chat templates and OpenAI-shaped servers take it (every engine needs it)."""

@@ -151,6 +151,10 @@ def test_parse_small_mappings() -> None:
         (body(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
         (
             body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            "messages.0.content.0.source",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
             "messages.0.content.0.type",
         ),
         (body(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content.0.text"),

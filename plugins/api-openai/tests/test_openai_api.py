@@ -418,6 +418,12 @@ BAD_BODIES: list[tuple[str, bytes, int, str | None]] = [
             }
         ).encode(),
         400,
+        "model",  # skulk/echo does not accept images
+    ),
+    (
+        "audio part",
+        json.dumps({"model": ECHO, "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}).encode(),
+        400,
         "messages[0].content[0].type",
     ),
     ("n=2", json.dumps(chat("x", n=2)).encode(), 400, "n"),

@@ -242,6 +242,12 @@ BAD_BODIES: list[tuple[str, bytes, int, str | None]] = [
             }
         ).encode(),
         400,
+        "model",  # skulk/echo does not accept images
+    ),
+    (
+        "file part",
+        json.dumps({"model": ECHO, "input": [{"role": "user", "content": [{"type": "input_file"}]}]}).encode(),
+        400,
         "input[0].content[0].type",
     ),
     (

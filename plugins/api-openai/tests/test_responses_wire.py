@@ -141,8 +141,12 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"model": "skulk/echo"}, "input"),
     (body(input=[]), "input"),
     (
-        body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]),
+        body(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "u"}]}]),
         "input[0].content[0].type",
+    ),
+    (
+        body(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "u"}]}]),
+        "input[0].content[0].file_id",
     ),
     (body(input=[{"type": "item_reference", "id": "x"}]), "input[0].type"),
     (body(input=[{"type": "function_call", "name": "f"}]), "input[0].call_id"),

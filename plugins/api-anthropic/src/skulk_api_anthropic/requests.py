@@ -12,7 +12,9 @@ Mapping:
   `tool_use`), in block order.
 * `assistant` content: text -> `content`, `thinking` -> `reasoning_content`, `tool_use` ->
   `tool_calls` (the `input` object JSON-encoded); `redacted_thinking` is dropped (opaque).
-* Image, document and other block types are a 400: the kernel's messages carry text only.
+* `image` blocks in user content (`source`: `base64` with its `media_type`, or `url` where the
+  operator allows remote fetch) become the user message's images, read and checked by api-control's
+  vision module; document and other block types are a 400.
 * `tools` (custom tools: name, description, input_schema), `tool_choice` (`auto` / `any` ->
   `required` / `none` / `tool` -> the tool's name), sampling (`temperature`, `top_p`, `top_k`,
   `stop_sequences`, matched by the route so the answer names the one that hit), `max_tokens`
@@ -122,7 +124,7 @@ def _text_of(block: dict[str, Any], where: str) -> str:
 
 def _unsupported(kind: Any, where: str) -> RequestError:
     return RequestError(
-        f"{where}.type: {kind!r} blocks are not supported by this server (text, tool_use, "
+        f"{where}.type: {kind!r} blocks are not supported by this server (text, image, tool_use, "
         "tool_result and thinking blocks are)"
     )
 
@@ -156,10 +158,33 @@ def _tool_result_text(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def _flush_user(out: list[ChatMessage], pending: list[str]) -> None:
-    if pending:
-        out.append(ChatMessage(role="user", content="\n".join(pending)))
+def _flush_user(out: list[ChatMessage], pending: list[str], images: list[str] | None = None) -> None:
+    if pending or images:
+        out.append(ChatMessage(role="user", content="\n".join(pending), images=tuple(images or ())))
         pending.clear()
+        if images:
+            images.clear()
+
+
+def _image_source(block: dict[str, Any], where: str) -> str:
+    """An image block's image as a data URL or an http(s) URL (api-control's vision module reads it)."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise RequestError(f"{where}.source: an object is required (base64 or url)")
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not media.startswith("image/"):
+            raise RequestError(f"{where}.source.media_type: an image type is required (image/png, image/jpeg, ...)")
+        if not isinstance(data, str) or not data:
+            raise RequestError(f"{where}.source.data: the image's base64 is required")
+        return f"data:{media};base64,{data}"
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url:
+            raise RequestError(f"{where}.source.url: a string is required")
+        return url
+    raise RequestError(f"{where}.source.type: {kind!r} is not supported (base64 or url)")
 
 
 def _messages(messages: list[MessageIn]) -> list[ChatMessage]:
@@ -207,13 +232,16 @@ def _messages(messages: list[MessageIn]) -> list[ChatMessage]:
                 )
             )
             continue
-        pending: list[str] = []  # consecutive text blocks: one user message
+        pending: list[str] = []  # consecutive text and image blocks: one user message
+        images: list[str] = []
         for k, block in enumerate(blocks):
             kind = block.get("type")
             if kind == "text":
                 pending.append(_text_of(block, f"{where}.{k}"))
+            elif kind == "image":
+                images.append(_image_source(block, f"{where}.{k}"))
             elif kind == "tool_result":
-                _flush_user(out, pending)
+                _flush_user(out, pending, images)
                 call_id = block.get("tool_use_id")
                 if not isinstance(call_id, str) or not call_id:
                     raise RequestError(f"{where}.{k}.tool_use_id: a string is required")
@@ -227,7 +255,7 @@ def _messages(messages: list[MessageIn]) -> list[ChatMessage]:
                 )
             else:
                 raise _unsupported(kind, f"{where}.{k}")
-        _flush_user(out, pending)
+        _flush_user(out, pending, images)
         if not blocks:
             out.append(ChatMessage(role="user", content=""))
     return out

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel.api import NodeSurface
 
 from .errors import api_error
+from .vision_wire import ImageLimits
 
 log = logging.getLogger("skulk.api.auth")
 
@@ -64,6 +65,9 @@ class ApiControlConfig(BaseModel):
     prefix_affinity: bool = Field(default=True, description="keep a conversation on the instance that cached it")
     affinity_slack: int = Field(
         default=1, ge=0, description="open tasks an affine instance may have over the least-loaded one"
+    )
+    images: ImageLimits = Field(
+        default_factory=ImageLimits, description="images in chat requests: limits, and whether URLs are fetched"
     )
 
 

@@ -290,25 +290,34 @@ async def generate(node: NodeSurface, params: TextGenerationParams, command_id: 
     """
     note_model(params.model_id)
     if (server := _served(node, params.model_id)) is not None:
+        if any(m.images for m in params.messages):
+            raise InferenceError(400, f"model {params.model_id} does not accept images", code="model_not_vision")
         command = TextGeneration(
             command_id=CommandId(command_id or new_id()), owner_node_id=node.node_id, params=params
         )
         return await _serve_here(node, command, server)
     from .on_demand import model_for, replaced_meanwhile  # (it imports this module)
+    from .vision import prepare  # images: checked and normalised once, sent on the data plane
 
     model_id = await model_for(node, params.model_id, "TextGeneration")  # placed first when on demand
     if model_id != params.model_id:
         params = params.model_copy(update={"model_id": model_id})
+    params, images = await prepare(node, params)
     try:
-        return await _generate(node, params, command_id)
+        return await _generate(node, params, command_id, images)
     except InferenceError as exc:
         if not replaced_meanwhile(node, exc):
             raise
         await model_for(node, model_id, "TextGeneration")  # removed (keep_alive) between the two: again
-        return await _generate(node, params, command_id)
+        return await _generate(node, params, command_id, images)
+    finally:
+        if images is not None:
+            images.release()  # sent by now (the runner waits for them before its first chunk)
 
 
-async def _generate(node: NodeSurface, params: TextGenerationParams, command_id: str | None) -> InferenceHandle:
+async def _generate(
+    node: NodeSurface, params: TextGenerationParams, command_id: str | None, images: Any = None
+) -> InferenceHandle:
     model_id = params.model_id
     router = router_for(node)
     pinned = router.choose(node, model_id, params.messages)
@@ -329,11 +338,14 @@ async def _generate(node: NodeSurface, params: TextGenerationParams, command_id:
         router,
         command.params,
         pinned,
-        lambda again: start(node, again, early_errors={}, observe=False),
+        lambda again: start(
+            node, again, early_errors={}, observe=False, while_waiting=images and images.sender(again.command_id)
+        ),
         max_resumes,
     )
     try:
-        handle = await start(node, command, early_errors=_EARLY_NOT_RESUMABLE)
+        beside = images.sender(command.command_id) if images is not None else None
+        handle = await start(node, command, early_errors=_EARLY_NOT_RESUMABLE, while_waiting=beside)
     except BaseException:
         router.finished(command.command_id)
         raise

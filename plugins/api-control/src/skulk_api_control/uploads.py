@@ -84,6 +84,8 @@ class UploadKind(Generic[C]):
     """How messages call the bytes ("the upload declares ...")."""
     waited_noun: str = ""
     """How the runner's timeout and cancel messages call them (default: `noun`)."""
+    digest: Callable[[bytes], str] = lambda data: hashlib.sha256(data).hexdigest()
+    """What the declared digest is of the bytes (a bundle of several files digests its parts)."""
 
     def stream_id(self, command_id: str) -> CommandId:
         return CommandId(f"{command_id}/{self.suffix}")
@@ -190,7 +192,7 @@ class Receiver:
         done, error = kind.spool_paths(task.instance_id, task.command_id)
         try:
             data = await self._collect(stream, expected)
-            digest = hashlib.sha256(data).hexdigest()
+            digest = kind.digest(data)
             if digest != sha256:
                 raise kind.error(f"the {kind.noun}'s SHA-256 is {digest}, the request declared {sha256}")
             await asyncio.to_thread(_write_atomically, done, data)
@@ -304,7 +306,7 @@ def wait_for_file(
         if done.is_file():
             data = done.read_bytes()
             done.unlink(missing_ok=True)
-            if hashlib.sha256(data).hexdigest() != sha256:
+            if kind.digest(data) != sha256:
                 raise kind.error(f"the spooled {kind.noun} does not match its SHA-256")
             return data
         if error.is_file():

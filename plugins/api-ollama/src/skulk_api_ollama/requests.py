@@ -11,7 +11,8 @@ Mapping:
   ToolCall with JSON-string arguments and an id (`call_<message>_<k>` when the client sent none);
   `tool` messages get `name` from `tool_name` and `tool_call_id` from `tool_call_id`, or else from the
   earliest unanswered call of the previous assistant message (with that name, when given). `images`
-  are a 400: the kernel's messages carry text only.
+  (base64, on user messages and on /api/generate) become the message's images, decoded and checked
+  by api-control's vision module (a model without vision is a 400 naming it).
 * `/api/generate`: `raw: true` -> `raw_prompt` (the prompt as is; `system` and the template are not
   applied, as in Ollama); otherwise an optional `system` message and the `prompt` as a user message.
 * `options`: temperature, top_p, top_k (<= 0: off), min_p, seed, num_predict (<= 0: no limit ->
@@ -217,8 +218,9 @@ def chat_messages(raw: Any) -> tuple[ChatMessage, ...]:
         role = msg.get("role")
         if role not in ("system", "user", "assistant", "tool"):
             raise RequestError(f"{where}.role: must be 'system', 'user', 'assistant' or 'tool', not {role!r}")
-        if msg.get("images"):
-            raise RequestError(f"{where}.images: images are not supported by this server")
+        images = _images(msg, f"{where}.")
+        if images and role != "user":
+            raise RequestError(f"{where}.images: only user messages carry images")
         content = _content(msg, where)
         if role == "assistant":
             calls = _tool_calls(msg, where, i)
@@ -243,8 +245,19 @@ def chat_messages(raw: Any) -> tuple[ChatMessage, ...]:
                 name = name or match.name
             out.append(ChatMessage(role="tool", content=content or "", tool_call_id=call_id, name=name))
         else:
-            out.append(ChatMessage(role=role, content=content or ""))
+            out.append(ChatMessage(role=role, content=content or "", images=images))
     return tuple(out)
+
+
+def _images(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
+    """`images`: base64 strings as Ollama's clients send them; api-control's vision module decodes
+    and checks them once the model is known (a data URL is taken too)."""
+    raw = data.get("images")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v for v in raw):
+        raise RequestError(f"{where}images: must be a list of base64-encoded images")
+    return tuple(raw)
 
 
 @dataclass(frozen=True)
@@ -330,8 +343,9 @@ def parse_generate(data: dict[str, Any]) -> GenerationRequest:
     prompt = _str(data, "prompt")
     system = _str(data, "system")
     raw = _bool(data, "raw")
-    if data.get("images"):
-        raise RequestError("images: images are not supported by this server")
+    images = _images(data)
+    if images and raw:
+        raise RequestError("images: a raw prompt cannot carry images (the model's template places them); drop raw")
     if not prompt:
         sampling(data)
         return GenerationRequest(model=model, params=None, stream=stream)
@@ -346,7 +360,7 @@ def parse_generate(data: dict[str, Any]) -> GenerationRequest:
         return GenerationRequest(model=model, params=params, stream=stream, turns=(("raw", full),))
     history = tuple(ChatMessage(role="user" if r == "raw" else r, content=t) for r, t in earlier if r != "system")
     head = (ChatMessage(role="system", content=system),) if system else ()
-    messages = head + history + (ChatMessage(role="user", content=prompt),)
+    messages = head + history + (ChatMessage(role="user", content=prompt, images=images),)
     params = _params(model, messages, data)
     return GenerationRequest(
         model=model, params=params, stream=stream, turns=tuple(context.turns_of(messages[len(head) :], None))

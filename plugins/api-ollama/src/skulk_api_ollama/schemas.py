@@ -21,7 +21,7 @@ class OllamaMessage(_Doc):
     content: str | None = None
     thinking: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    images: list[str] | None = Field(default=None, description="refused: images are not supported")
+    images: list[str] | None = Field(default=None, description="base64-encoded images (vision models)")
 
 
 class OllamaOptions(_Doc):

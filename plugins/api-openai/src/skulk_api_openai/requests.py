@@ -62,6 +62,7 @@ def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
 class ContentPart(_In):
     type: str
     text: str | None = None
+    image_url: str | dict[str, Any] | None = None  # {"url": data URL or http(s), "detail"} (a string in Responses)
 
 
 class FunctionCallIn(_In):
@@ -149,15 +150,33 @@ class ChatRequest:
     logprobs: bool
 
 
-def _content_text(content: str | list[ContentPart] | None, index: int) -> str | None:
+def image_source(part: Any, where: str) -> str:
+    """The image of an `image_url` / `input_image` part as it came (a data URL or an http(s) URL);
+    api-control's vision module reads and checks it."""
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    if not isinstance(url, str) or not url:
+        raise RequestError(
+            f"{where}.image_url: an image part needs a url (a data URL such as data:image/png;base64,... "
+            "or an http(s) URL)",
+            param=f"{where}.image_url",
+        )
+    return url
+
+
+def _content(content: str | list[ContentPart] | None, index: int) -> tuple[str | None, tuple[str, ...]]:
+    """A message's text (its text parts joined) and its images, in order."""
     if content is None or isinstance(content, str):
-        return content
+        return content, ()
     texts: list[str] = []
+    images: list[str] = []
     for j, part in enumerate(content):
+        if part.type in ("image_url", "input_image"):
+            images.append(image_source(part, f"messages[{index}].content[{j}]"))
+            continue
         if part.type not in ("text", "input_text", "output_text"):
             raise RequestError(
                 f"messages[{index}].content[{j}]: content parts of type {part.type!r} are not supported "
-                'by this server; send text parts ({"type": "text", "text": ...})',
+                'by this server; send text parts ({"type": "text", "text": ...}) or image_url parts',
                 param=f"messages[{index}].content[{j}].type",
                 code="unsupported_content",
             )
@@ -167,7 +186,7 @@ def _content_text(content: str | list[ContentPart] | None, index: int) -> str | 
                 param=f"messages[{index}].content[{j}].text",
             )
         texts.append(part.text)
-    return "\n".join(texts)
+    return "\n".join(texts), tuple(images)
 
 
 def _arguments(value: str | dict[str, Any] | None) -> str:
@@ -179,7 +198,11 @@ def _arguments(value: str | dict[str, Any] | None) -> str:
 
 
 def _message(msg: MessageIn, index: int) -> ChatMessage:
-    content = _content_text(msg.content, index)
+    content, images = _content(msg.content, index)
+    if images and msg.role != "user":
+        raise RequestError(
+            f"messages[{index}].content: only user messages carry images", param=f"messages[{index}].content"
+        )
     if content is None and msg.role in ("user", "system", "developer"):
         raise RequestError(
             f"messages[{index}].content: a {msg.role} message needs content",
@@ -207,6 +230,7 @@ def _message(msg: MessageIn, index: int) -> ChatMessage:
         tool_calls=calls,
         tool_call_id=msg.tool_call_id,
         name=msg.name,
+        images=images,
     )
 
 

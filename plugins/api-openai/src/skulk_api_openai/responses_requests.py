@@ -7,7 +7,8 @@ fields ignored, every caller mistake a 400 in OpenAI's error shape naming the fi
 
 * messages (`type: "message"` or no type, with a `role`): `user`, `system`, `developer`, `assistant`;
   content a string or a list of `input_text` / `output_text` / `text` parts (joined with newlines;
-  a `refusal` part counts as its text); other part types (images, files, audio) are a 400;
+  a `refusal` part counts as its text); `input_image` parts (`image_url`: a data URL, or an http(s)
+  URL where the operator allows it) become the message's images; other part types (files, audio) are a 400;
 * `function_call` {call_id, name, arguments}: a tool call of an assistant turn (it joins the
   assistant message right before it, so a replayed `response.output` stays one turn);
 * `function_call_output` {call_id, output}: a `tool` message (its `name` looked up from the call);
@@ -30,7 +31,15 @@ from pydantic import BaseModel, Field, ValidationError
 from skulk_api_control import requests_common
 from skulk_kernel.api import ChatMessage, TextGenerationParams, ToolCall, ToolSpec
 
-from .requests import RequestError, _arguments, _In, _validate, sampling_params, validation_error
+from .requests import (
+    RequestError,
+    _arguments,
+    _In,
+    _validate,
+    image_source,
+    sampling_params,
+    validation_error,
+)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's defaults for a Responses request that sets neither
@@ -79,6 +88,8 @@ class _Part(_In):
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: str | dict[str, Any] | None = None  # input_image: a data URL or an http(s) URL
+    file_id: str | None = None
 
 
 class _MessageItem(_In):
@@ -153,6 +164,22 @@ def _item(model: type[BaseModel], data: dict[str, Any], where: str) -> Any:
         raise RequestError(f"{param}: {message}", param=param) from None
 
 
+def _parts_images(parts: str | list[_Part], where: str) -> tuple[str, ...]:
+    """The `input_image` parts' images, as they came (api-control's vision module reads them)."""
+    if isinstance(parts, str):
+        return ()
+    images = []
+    for j, part in enumerate(parts):
+        if part.type == "input_image":
+            if part.file_id is not None and part.image_url is None:
+                raise RequestError(
+                    f"{where}[{j}].file_id: this server keeps no files; send the image as image_url (a data URL)",
+                    param=f"{where}[{j}].file_id",
+                )
+            images.append(image_source(part, f"{where}[{j}]"))
+    return tuple(images)
+
+
 def _parts_text(parts: str | list[_Part], where: str) -> str:
     if isinstance(parts, str):
         return parts
@@ -162,6 +189,8 @@ def _parts_text(parts: str | list[_Part], where: str) -> str:
             texts.append(part.text)
         elif part.type == "refusal" and part.refusal is not None:
             texts.append(part.refusal)
+        elif part.type == "input_image":
+            continue  # read by _parts_images
         elif part.type in TEXT_PARTS or part.type == "refusal":
             field = "refusal" if part.type == "refusal" else "text"
             raise RequestError(
@@ -207,7 +236,10 @@ def _input_messages(value: str | list[Any] | None) -> list[ChatMessage]:
                 reasoning = []
                 joinable = True
             else:
-                messages.append(ChatMessage(role=msg.role, content=text))
+                images = _parts_images(msg.content, f"{where}.content")
+                if images and msg.role != "user":
+                    raise RequestError(f"{where}.content: only user messages carry images", param=f"{where}.content")
+                messages.append(ChatMessage(role=msg.role, content=text, images=images))
                 joinable = False
         elif kind == "function_call":
             fc: _FunctionCallItem = _item(_FunctionCallItem, raw, where)

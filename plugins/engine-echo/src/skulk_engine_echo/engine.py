@@ -29,6 +29,7 @@ from skulk_kernel.api import (
     EmbeddingChunk,
     EmbeddingParams,
     EngineProbe,
+    ErrorChunk,
     GenerationStats,
     ModelCard,
     RunnerSpec,
@@ -49,10 +50,13 @@ from .plugin import EchoConfig
 ECHO_MODEL = "skulk/echo"
 ECHO_EMBED_MODEL = "skulk/echo-embed"
 ECHO_HANG_MODEL = "skulk/echo-hang"
+ECHO_VISION_MODEL = "skulk/echo-vision"
 EMBED_DIMS = 16
 
 
-def echo_cards(context_length: int = 4096, hang_model: bool = False) -> dict[str, ModelCard]:
+def echo_cards(
+    context_length: int = 4096, hang_model: bool = False, vision_model: bool = False
+) -> dict[str, ModelCard]:
     cards = {
         ECHO_MODEL: ModelCard(
             model_id=ECHO_MODEL,
@@ -77,6 +81,10 @@ def echo_cards(context_length: int = 4096, hang_model: bool = False) -> dict[str
             compatible_backends=("echo-cpu",),
         ),
     }
+    if vision_model:  # takes images: answers with each image's digest, computed from the bytes it received
+        cards[ECHO_VISION_MODEL] = cards[ECHO_MODEL].model_copy(
+            update={"model_id": ECHO_VISION_MODEL, "capabilities": ("text", "vision")}
+        )
     if hang_model:
         cards[ECHO_HANG_MODEL] = cards[ECHO_MODEL].model_copy(
             update={"model_id": ECHO_HANG_MODEL, "storage_size": 2**20}  # 1 MiB: the deadline's floor applies
@@ -114,8 +122,21 @@ class EchoSession:
             self.group = EchoGroup(spec.group, spec.shard.device_rank)
             self.group.form()
 
+    @property
+    def takes_images(self) -> bool:
+        """VisionInput: the vision card reads images (the others are text-only, and the runner says so)."""
+        return "vision" in self.spec.card.capabilities
+
     def count_tokens(self, params: TextGenerationParams) -> int:
         return prompt_tokens(params)
+
+    def _seen(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> str:
+        """What the images were, as the runner received them: `image <sha256> <bytes>` each (the
+        digest computed here, from the bytes), so tests check the bytes that arrived end to end."""
+        from skulk_api_control.vision_wire import receive_images
+
+        images = receive_images(self.spec.instance_id, command_id, params, cancelled)
+        return " ".join(f"image {hashlib.sha256(b).hexdigest()} {len(b)}" for b in images)
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         started = time.perf_counter()
@@ -130,6 +151,12 @@ class EchoSession:
         else:
             last = next((m.content or "" for m in reversed(params.messages) if m.role == "user"), "")
         n_prompt = prompt_tokens(params)
+        if any(m.images for m in params.messages):
+            try:
+                last = f"{self._seen(command_id, params, cancelled)} {last}".strip()
+            except Exception as exc:  # the bytes did not come whole: fail, never answer from the text alone
+                yield ErrorChunk(command_id=command_id, seq=0, message=f"images: {exc}", code="invalid_image")
+                return
         if last.strip() == "/crash":
             os._exit(17)
         if last.strip() == "/hang":
@@ -271,12 +298,13 @@ class EchoModelStore:
 
     name = "echo"
 
-    def __init__(self, context_length: int = 4096, hang_model: bool = False) -> None:
+    def __init__(self, context_length: int = 4096, hang_model: bool = False, vision_model: bool = False) -> None:
         self.context_length = context_length
         self.hang_model = hang_model
+        self.vision_model = vision_model
 
     def catalog(self) -> dict[str, ModelCard]:
-        return echo_cards(self.context_length, self.hang_model)
+        return echo_cards(self.context_length, self.hang_model, self.vision_model)
 
     def local_path(self, model_id: str) -> Path | None:
         return None

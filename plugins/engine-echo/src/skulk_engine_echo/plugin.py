@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from skulk_kernel import hookimpl
-from skulk_kernel.api import NodeSurface
+from skulk_kernel.api import IndexedEvent, NodeSurface, State
 
 PLUGIN = "engine-echo"
 
@@ -25,6 +25,9 @@ class EchoConfig(BaseModel):
     context_length: int = Field(default=4096, ge=8, description="context length of the echo cards")
     hang_model: bool = Field(
         default=False, description="offer skulk/echo-hang, whose load never finishes (load deadline tests)"
+    )
+    vision_model: bool = Field(
+        default=False, description="offer skulk/echo-vision, which takes images and answers with their digests"
     )
 
 
@@ -45,7 +48,7 @@ def register_model_stores(register: Callable[[Any], None], node: NodeSurface) ->
     from .engine import EchoModelStore
 
     config = (node.plugin_config(PLUGIN) if node is not None else None) or EchoConfig()
-    register(EchoModelStore(config.context_length, hang_model=config.hang_model))
+    register(EchoModelStore(config.context_length, hang_model=config.hang_model, vision_model=config.vision_model))
 
 
 @hookimpl
@@ -57,3 +60,21 @@ def probe_node(facts: dict[str, Any]) -> None:
 def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | None:
     """auto: out; the deterministic echo engine is for tests and demos (profile dev)."""
     return False, "the deterministic test engine, for tests and demos (profile dev)"
+
+
+@hookimpl
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
+    """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards)."""
+    config = node.plugin_config(PLUGIN) or EchoConfig()
+    if config.vision_model and type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
+        from skulk_api_control.vision_wire import follow
+
+        follow(node, event.event)
+
+
+@hookimpl
+def shutdown(node: NodeSurface) -> None:
+    if (node.plugin_config(PLUGIN) or EchoConfig()).vision_model:
+        from skulk_api_control.vision_wire import unfollow
+
+        unfollow(node)

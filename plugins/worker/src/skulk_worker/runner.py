@@ -52,6 +52,7 @@ from skulk_kernel.api import (
     ignores_eos,
     is_terminal,
     serves_completions,
+    takes_images,
     task_kind,
 )
 
@@ -162,6 +163,10 @@ class _Serving:
         params = task.params
         if params.completion is not None and not serves_completions(self.session):
             message = f"model {self.spec.card.model_id} does not support text completions on engine {self.engine_name}"
+            self.outq.put(("chunk", task.task_id, _invalid(task.command_id, message)))
+            return "Failed"
+        if any(m.images for m in params.messages) and not takes_images(self.session):
+            message = f"model {self.spec.card.model_id} does not accept images on engine {self.engine_name}"
             self.outq.put(("chunk", task.task_id, _invalid(task.command_id, message)))
             return "Failed"
         if params.sampling.ignore_eos and not ignores_eos(self.session):
