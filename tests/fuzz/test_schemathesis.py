@@ -29,12 +29,15 @@ NO_BODY = {  # routes that take no body
     "/store/purge-staging",
     "/store/models/{model_id}/download",
     "/v1/videos/{video_id}/cancel",
+    "/v1/batches/{batch_id}/cancel",
 }
 
 
 @pytest.fixture(scope="module")
 def fuzzed_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    with echo_node(tmp_path_factory.mktemp("fuzzed"), [ECHO, EMBED], [*ALL_PLUGINS, "observe"], name="fuzzed") as node:
+    with echo_node(
+        tmp_path_factory.mktemp("fuzzed"), [ECHO, EMBED], [*ALL_PLUGINS, "observe", "batch"], name="fuzzed"
+    ) as node:
         yield node
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from skulk_api_control.openapi_body import body_schema
 from skulk_kernel.api import NodeSurface
 
 from . import records as rec
@@ -23,6 +25,30 @@ from .service import BatchService
 from .storage import StorageError
 
 MULTIPART_OVERHEAD = 64 * 1024
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"enum": ["batch"]}},
+                    "required": ["file", "purpose"],
+                }
+            }
+        },
+    }
+}
+
+
+class CreateBatch(BaseModel):
+    """POST /v1/batches, as declared in the OpenAPI document (the route reads and checks it itself,
+    answering in OpenAI's error shape)."""
+
+    input_file_id: str
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+    completion_window: Literal["24h"]
+    metadata: dict[str, str] | None = None
 
 
 class TooLarge(Exception):
@@ -74,7 +100,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
 
     # ------------------------------------------------------------------ files
 
-    @app.post("/v1/files", tags=["batch"])
+    @app.post("/v1/files", tags=["batch"], openapi_extra=UPLOAD_BODY)
     async def create_file(request: Request) -> Any:
         """Upload a JSONL file for a batch (multipart: `file`, `purpose=batch`)."""
         if "multipart/form-data" not in request.headers.get("content-type", ""):
@@ -166,7 +192,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
 
     # ------------------------------------------------------------------ batches
 
-    @app.post("/v1/batches", tags=["batch"])
+    @app.post("/v1/batches", tags=["batch"], openapi_extra=body_schema(CreateBatch))
     async def create_batch(request: Request) -> Any:
         """Start a batch over an uploaded JSONL file."""
         try:
