@@ -106,6 +106,7 @@ export async function signIn(key: string | null): Promise<boolean> {
     session.set({ status: "needs-key", scope: null, via: null, keyName: null, keyId: null, error });
     return false;
   } catch (exc) {
+    if (!key) throw exc; // the first check without a key: startSession retries until the node answers
     session.set({ status: "needs-key", error: `The node did not answer: ${exc instanceof Error ? exc.message : String(exc)}` });
     return false;
   }
@@ -114,7 +115,16 @@ export async function signIn(key: string | null): Promise<boolean> {
 /** The first check: a key from the link's fragment, else this tab's stored key, else none. */
 let started: Promise<boolean> | null = null;
 export function startSession(): Promise<boolean> {
-  started ??= signIn(takeKeyFromFragment() ?? storedKey()); // once per page (StrictMode runs effects twice)
+  started ??= (async () => { // once per page (StrictMode runs effects twice)
+    const key = takeKeyFromFragment() ?? storedKey();
+    for (;;) {
+      try {
+        return await signIn(key);
+      } catch {
+        await new Promise((resolve) => setTimeout(resolve, 1000)); // the node is (re)starting
+      }
+    }
+  })();
   return started;
 }
 
