@@ -79,6 +79,7 @@ MODEL_SUITES = (
     "@qwen-node",
     "tests/steward/test_steward_qwen.py",
     "tests/serving/test_on_demand_node.py",  # Qwen placed on demand, twice
+    "tests/hosts/test_lan.py",  # three llama.cpp nodes in namespaces, a model placed twice, Chromium
 )
 #: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):
 #: they run with no model or other timing unit beside them, first, before the model suites start
