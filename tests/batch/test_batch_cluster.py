@@ -103,6 +103,8 @@ def test_a_batch_survives_the_kill_of_the_node_running_it(batch_fabric: Fabric) 
     assert len(ids) == LINES and len(set(ids)) == LINES, "a line answered twice or lost"
     assert set(ids) == {f"q-{i}" for i in range(LINES)}
     assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"] for o in out)
+    segments = records(fabric)[f"progress/{batch.id}"]["segments"]
+    assert any(seg["level"] >= 1 for seg in segments) and len(segments) < LINES // 8, segments  # merged
     out_holders = records(fabric)[f"file/{done.output_file_id}"]["holders"]
     assert len(set(out_holders)) == 2 and runner_id not in out_holders, out_holders
     # the input is still readable after one of its holders died

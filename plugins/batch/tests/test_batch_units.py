@@ -191,3 +191,19 @@ def test_batch_lines_step_aside_for_interactive_requests() -> None:
     # just after users left: still stepped down for quiet_s
     assert lines_allowed(set(), set(), 0, 2, config, False, True) == (0, False)
     assert lines_allowed({"user"}, set(), 0, 2, BatchConfig(busy_in_flight=1), False, False) == (1, True)
+
+
+def test_segments_merge_like_a_base_8_counter_so_the_record_stays_small() -> None:
+    segments: tuple[rec.Segment, ...] = ()
+    merges = 0
+    for i in range(4096):  # a slow batch committing one line at a time
+        segments = (*segments, rec.Segment(start=i, end=i + 1, holders=("n1",)))
+        while (count := rec.to_merge(segments)) > 0:
+            parts = segments[-count:]
+            merged = rec.Segment(start=parts[0].start, end=parts[-1].end, holders=("n1",), level=parts[0].level + 1)
+            segments = (*segments[:-count], merged)
+            merges += 1
+        assert len(segments) <= 7 * 5
+        assert [s.start for s in segments[1:]] == [s.end for s in segments[:-1]]  # contiguous, in order
+    assert segments == (rec.Segment(start=0, end=4096, holders=("n1",), level=4),)
+    assert merges == 512 + 64 + 8 + 1

@@ -79,6 +79,23 @@ class Segment(Record):
     start: int
     end: int
     holders: tuple[str, ...]
+    level: int = 0  # 0: as committed; l+1: FAN_IN segments of level l merged (see `to_merge`)
+
+
+FAN_IN = 8
+
+
+def to_merge(segments: tuple[Segment, ...]) -> int:
+    """How many trailing segments to merge into one now (0: none), like carrying in a base-8 counter.
+
+    Why: every commit re-records the whole segment list through the master, and a slow batch
+    commits a few lines at a time; merging the last FAN_IN segments of one level keeps the list
+    at most 7 per level (a few dozen for 50,000 lines) while each result is copied O(log n) times.
+    """
+    tail = segments[-FAN_IN:]
+    if len(tail) == FAN_IN and len({seg.level for seg in tail}) == 1:
+        return FAN_IN
+    return 0
 
 
 class Progress(Record):

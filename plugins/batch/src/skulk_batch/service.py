@@ -377,6 +377,26 @@ class BatchService:
         for i in range(start, end):
             done.pop(i, None)
         self.stats["lines"] += count
+        await self._compact(batch_id, generation)
+
+    async def _compact(self, batch_id: str, generation: int) -> None:
+        """Merge trailing segments while `rec.to_merge` says so (the merged one is recorded first,
+        then the parts' local files go; other holders drop theirs when the batch finishes)."""
+        while (count := rec.to_merge((prog := self._check(batch_id, generation)).segments)) > 0:
+            parts = prog.segments[-count:]
+            data = b"".join(
+                [await self.storage.read("segments", f"{batch_id}/{p.start}-{p.end}", p.holders) for p in parts]
+            )
+            start, end = parts[0].start, parts[-1].end
+            name = f"{batch_id}/{start}-{end}"
+            self.storage.write("segments", name, data)
+            holders = await self.storage.replicate("segments", name, data)
+            merged = rec.Segment(start=start, end=end, holders=holders, level=parts[0].level + 1)
+            new = rec.advance(prog, segments=(*prog.segments[:-count], merged))
+            await self._record(batch_id, generation, new, [])
+            for part in parts:
+                self.storage.delete("segments", f"{batch_id}/{part.start}-{part.end}")
+            self.stats["merged"] += count
 
     async def _finalize(
         self, batch: rec.BatchSpec, generation: int, prog: rec.Progress, status: str, stamps: dict[str, int]
