@@ -4,7 +4,7 @@
 
 Serves the files of DIR as model `m` to requests bearing TOKEN, with the store's own `FileServer`
 (sendfile, ranges, keep-alive), and prints the port on its first line. `--rate` caps what each
-response sends per second (sent in 256 KiB `sendfile` calls with pauses): a slow member, so a test
+response sends per second (sent in 256 KiB `os.sendfile` calls with pauses): a slow member, so a test
 can kill it mid-file.
 """
 
@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from skulk_store import peer_files
 from skulk_store.peer_files import FileServer, Refused, Served
 
 
@@ -28,18 +29,20 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0)
     args = parser.parse_args()
     if args.rate:
-        plain = socket.socket.sendfile
+        plain = peer_files._send_range
         step = 256 << 10
 
-        def paced(self: socket.socket, file, offset: int = 0, count: int | None = None) -> int:  # type: ignore[no-untyped-def]
-            sent, left = 0, count or 0
-            while left > 0:
-                n = plain(self, file, offset + sent, min(step, left))
-                sent, left = sent + n, left - n
+        def paced(sock: socket.socket, fd: int, offset: int, count: int) -> int:
+            sent = 0
+            while sent < count:
+                n = plain(sock, fd, offset + sent, min(step, count - sent))
+                if not n:
+                    break
+                sent += n
                 time.sleep(n / args.rate)
             return sent
 
-        socket.socket.sendfile = paced  # type: ignore[method-assign]
+        peer_files._send_range = paced
 
     def resolve(token: str, model_id: str, name: str) -> Served | Refused:
         if token != args.token:

@@ -103,6 +103,34 @@ def test_the_copy_in_a_child_process_reports_back(
     assert sources[0].received + sources[1].received == SIZE and seen[-1] == SIZE
 
 
+def test_the_copy_process_ends_with_the_node_that_started_it(tmp_path: Path, holders: list[Holder]) -> None:
+    folder = tmp_path / "holder"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(os.urandom(8 << 20))
+    slow = Holder(folder, rate=1e6)  # 8 s for the whole file: the parent dies long before
+    holders.append(slow)
+    job = (
+        "import sys; from pathlib import Path; from skulk_store.copyproc import copy_in_child; "
+        "from skulk_store.rangecopy import FileCopy, RangeSource; "
+        f"src = RangeSource('a', '127.0.0.1', {slow.port}, '/files/m?file=w.bin', {TOKEN!r}); "
+        f"copy_in_child(FileCopy(Path({str(tmp_path / 'w.part')!r}), 8 << 20, '0' * 64, [src]))"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", job])
+    children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    _when(lambda: children.read_text().strip() and (tmp_path / "w.part").exists(), 30)
+    child = int(children.read_text().split()[0])
+    parent.kill()
+    parent.wait(10)
+    _when(lambda: not Path(f"/proc/{child}").exists() or "Z" in _state(child), 5)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
 def test_a_wrong_digest_is_refused_and_the_damaged_holder_skipped(
     tmp_path: Path, holders: list[Holder], data: tuple[Path, str]
 ) -> None:
