@@ -196,12 +196,15 @@ def add_openai_routes(app: FastAPI, node: NodeSurface, *, keepalive_s: float = 1
     # --- models ----------------------------------------------------------------------------------
 
     def model_entries() -> list[dict[str, Any]]:
-        """Every accepted name; an alias (a short name, `whisper-1`) says which model it is (`alias_of`)."""
+        """Every accepted name; an alias (a short name, `whisper-1`) says which model it is (`alias_of`);
+        `capabilities` (an extension: `vision`, `tools`, ...) as the card says."""
         created = int(node.started_at)
+        known = cards(node)
         return [
             {"id": name, "object": "model", "created": created, "owned_by": "skulk"}
             | ({"alias_of": model_id} if name != model_id else {})
-            for name, model_id in listed_models(node, cards(node))
+            | {"capabilities": list(known[model_id].capabilities) if model_id in known else []}
+            for name, model_id in listed_models(node, known)
         ]
 
     @app.get("/v1/models", tags=["openai"])

@@ -44,6 +44,7 @@ from .completion import PromptEcho, ScoringProgress, complete
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from .plugin import LlamaCppConfig, llamacpp_config
+from .vision import mmproj_path, with_images
 
 log = logging.getLogger("skulk.engine.llamacpp")
 MINILM_MAX_TOKENS = 256
@@ -162,6 +163,23 @@ class LlamaSession:
         return bool(getattr(self.backend, "ignores_eos", False))
 
     @property
+    def takes_images(self) -> bool:
+        """VisionInput: the server was started with the card's projector (vision.py)."""
+        return getattr(self.backend, "mmproj_path", None) is not None
+
+    def _messages(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Any:
+        """The chat messages, with the request's images (received on the data plane) as image_url parts."""
+        messages = to_messages(params)
+        if not any(m.images for m in params.messages):
+            return messages
+        from skulk_api_control.vision_wire import ImageUploadError
+
+        try:
+            return with_images(messages, params, self.spec.instance_id, command_id, cancelled)
+        except ImageUploadError as exc:  # never answered from the text alone
+            raise BackendError(f"images: {exc}") from exc
+
+    @property
     def serves_completions(self) -> bool:
         """Text completions need the native server's endpoints (see completion.py)."""
         from .server_backend import LlamaServer
@@ -218,7 +236,7 @@ class LlamaSession:
                 self._completion(params, cancelled)
                 if params.completion is not None
                 else self.backend.chat(
-                    to_messages(params),
+                    self._messages(command_id, params, cancelled),
                     tools=to_tools(params),
                     sampling=to_sampling(params),
                     logprobs=params.logprobs,
@@ -447,6 +465,7 @@ class LlamaServerEngine(_LlamaEngine):
             n_batch=config.n_batch,
             verbosity=config.verbosity,
             n_gpu_layers=plan.layers if plan is not None else None,
+            mmproj_path=mmproj_path(spec.card, spec.model_path),
         )
         progress(0, spec.card.n_layers)
         server.start()

@@ -116,3 +116,19 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
     if not builds:
         return False, "no llama.cpp build imports (pip install xllamacpp)"
     return True, "; ".join(f"{b['engine']} {b['build']} on {'+'.join(b['computes'])}" for b in builds)
+
+
+@hookimpl
+def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+    """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards, vision.py)."""
+    if type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
+        from skulk_api_control.vision_wire import follow
+
+        follow(node, event.event)
+
+
+@hookimpl
+def shutdown(node: Any) -> None:
+    from skulk_api_control.vision_wire import unfollow
+
+    unfollow(node)

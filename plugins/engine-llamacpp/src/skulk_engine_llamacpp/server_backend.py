@@ -163,6 +163,7 @@ class LlamaServer:
         n_ubatch: int | None = None,
         n_batch: int | None = None,
         n_gpu_layers: int | None = None,
+        mmproj_path: str | Path | None = None,
     ) -> None:
         """
         n_ctx: for chat, the unified KV size shared by all slots (each request may use all of
@@ -211,6 +212,8 @@ class LlamaServer:
         self.n_ubatch = n_ubatch
         self.n_batch = n_batch
         self.n_gpu_layers = n_gpu_layers
+        #: a vision model's projector GGUF (vision.py): the server then takes image_url parts
+        self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         self._server: Any = None
         self._http: Any = None
         self._watcher = CancelWatcher()
@@ -236,6 +239,8 @@ class LlamaServer:
 
         p = xlc.CommonParams()
         p.model.path = str(self.model_path)
+        if self.mmproj_path is not None:
+            p.mmproj.path = str(self.mmproj_path)
         p.hostnames = ["127.0.0.1"]
         p.port = 0  # ephemeral, chosen by the server itself
         p.n_parallel = self.n_parallel

@@ -458,6 +458,12 @@ class LocalModelStore:
             )
         if path.is_file() and path.suffix == ".gguf":
             card = card_from_gguf(path, model_id or path.stem)
+            projectors = sorted(p.name for p in path.parent.glob("mmproj*.gguf") if p != path)
+            if len(projectors) == 1:  # a vision model: llama.cpp loads the projector beside it
+                caps = (*card.capabilities, "vision") if "vision" not in card.capabilities else card.capabilities
+                card = card.model_copy(
+                    update={"capabilities": caps, "sections": {**card.sections, "vision": {"mmproj": projectors[0]}}}
+                )
         elif path.is_dir() and (path / "config.json").is_file():
             card = card_from_config_json(path, model_id or path.name)
         else:
