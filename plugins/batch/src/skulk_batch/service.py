@@ -155,8 +155,16 @@ class BatchService:
                 )
 
     async def assign(self, state: Any) -> None:
-        """Master only: a batch whose runner left gets a live one."""
+        """Master only: a batch whose runner left gets a live one; a node gone from the topology
+        (pruned after the node timeout) is no longer a runner."""
         alive = self.node.reachable_nodes() | {self.node.node_id}
+        gone = [
+            key
+            for key in rec.data_of(state)
+            if key.startswith("runner/") and key[7:] not in alive and key[7:] not in state.topology.nodes
+        ]
+        if gone:
+            await self.submit([(key, None) for key in gone])
         candidates = self.runner_nodes()
         for batch in rec.specs(state):
             chosen = rec.choose_runner(state, batch.id, alive, candidates, self.node.node_id)
