@@ -56,6 +56,11 @@ def test_every_endpoint_and_a_bad_line_through_the_openai_sdk(client: openai.Ope
     ] + [
         {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED, "input": "a text"}},
         {"custom_id": "resp", "method": "POST", "url": "/v1/responses", "body": {"model": ECHO, "input": "hi there"}},
+        {
+            "custom_id": "text",
+            "url": "/v1/completions",
+            "body": {"model": ECHO, "prompt": "once upon", "max_tokens": 4},
+        },
         {"custom_id": "nourl", "method": "POST", "url": "/v1/nowhere", "body": {"model": ECHO}},
         {"custom_id": "badbody", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ECHO}},
     ]
@@ -69,14 +74,15 @@ def test_every_endpoint_and_a_bad_line_through_the_openai_sdk(client: openai.Ope
     done = wait_done(client, batch.id)
     assert done.status == "completed", done
     assert done.request_counts is not None
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (10, 8, 2)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (11, 9, 2)
     assert done.in_progress_at and done.finalizing_at and done.completed_at
     out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
-    assert [o["custom_id"] for o in out] == [*(f"chat-{i}" for i in range(6)), "emb", "resp"]
+    assert [o["custom_id"] for o in out] == [*(f"chat-{i}" for i in range(6)), "emb", "resp", "text"]
     assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
     assert "hello 3" in out[3]["response"]["body"]["choices"][0]["message"]["content"]
     assert out[6]["response"]["body"]["data"][0]["embedding"]
     assert out[7]["response"]["body"]["object"] == "response"
+    assert out[8]["response"]["body"]["object"] == "text_completion"
     assert done.error_file_id is not None
     errs = {e["custom_id"]: e for e in map(json.loads, client.files.content(done.error_file_id).text.splitlines())}
     assert errs["nourl"]["error"]["code"] == "invalid_url" and errs["nourl"]["response"] is None
