@@ -163,3 +163,44 @@ def test_cancel_stops_a_batch_and_keeps_what_was_answered(client: openai.OpenAI)
         assert len(out) == done.request_counts.completed
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def test_files_and_batches_belong_to_the_key_that_made_them(node: NodeProcess) -> None:
+    """Another inference key sees none of them (404, not 403: ids cannot be probed); an operator key
+    and a caller without a key (loopback) see all."""
+
+    def key(name: str, scope: str = "inference") -> str:
+        r = node.post("/v1/keys", json={"name": name, "scope": scope})
+        assert r.status_code == 200, r.text
+        return str(r.json()["key"])
+
+    def sdk(api_key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=node.url + "/v1", api_key=api_key, max_retries=0)
+
+    alice, bob, ops = sdk(key("alice")), sdk(key("bob")), sdk(key("ops", "operator"))
+    line = {"model": ECHO, "messages": [{"role": "user", "content": "mine"}], "max_tokens": 4}
+    data = jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": line}])
+    uploaded = alice.files.create(file=("mine.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_done(alice, batch.id)
+    assert done.status == "completed" and done.output_file_id
+    assert json.loads(alice.files.content(done.output_file_id).text)["custom_id"] == "a"
+
+    assert uploaded.id not in {f.id for f in bob.files.list()}
+    assert batch.id not in {b.id for b in bob.batches.list()}
+    for call in (
+        lambda: bob.files.retrieve(uploaded.id),
+        lambda: bob.files.content(done.output_file_id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.files.delete(uploaded.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    with pytest.raises(openai.BadRequestError, match="no file"):  # nor start a batch on alice's file
+        bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    for viewer in (ops, openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0)):
+        assert uploaded.id in {f.id for f in viewer.files.list()}
+        assert viewer.batches.retrieve(batch.id).id == batch.id
+    assert alice.files.delete(uploaded.id).deleted

@@ -55,6 +55,7 @@ class FileRecord(Record):
     purpose: str
     sha256: str
     holders: tuple[str, ...] = ()
+    owner: str | None = None  # the API key id that uploaded it (a batch's outputs: the batch's); None: no key
 
 
 class BatchSpec(Record):
@@ -65,6 +66,7 @@ class BatchSpec(Record):
     metadata: dict[str, str] | None = None
     created_at: int
     created_by: str
+    owner: str | None = None  # the API key id that created it; None: created without a key (loopback, open)
 
 
 class Assignment(Record):

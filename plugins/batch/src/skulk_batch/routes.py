@@ -4,6 +4,11 @@ Bad input is a 4xx in OpenAI's error shape that says what to fix: an upload over
 is a 413 (refused from its Content-Length before the body is read, or as soon as the count passes
 the bound), a purpose other than "batch" or an endpoint a batch cannot call is a 400, an unknown
 id is a 404.
+
+Files and batches belong to the API key that made them: a caller sees (lists, reads, cancels,
+deletes) its own, an operator key every one, and a caller without a key (loopback, an open node)
+every one. Someone else's id answers 404, the same as an id that does not exist, so ids cannot be
+probed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from skulk_api_control.auth import PLUGIN_DATA as KEYS_PLUGIN
+from skulk_api_control.auth import current_key
 from skulk_api_control.openapi_body import body_schema
 from skulk_kernel.api import NodeSurface
 
@@ -53,6 +60,15 @@ class CreateBatch(BaseModel):
 
 class TooLarge(Exception):
     pass
+
+
+def visible(node: NodeSurface, owner: str | None) -> bool:
+    """Whether the caller may see a record owned by `owner` (see the module's docstring)."""
+    caller = current_key.get()
+    if caller is None or caller == owner:
+        return True
+    record = node.state.plugin_data.get(KEYS_PLUGIN, {}).get(caller)
+    return isinstance(record, dict) and record.get("scope") == "operator"
 
 
 def error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
@@ -134,6 +150,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
             purpose="batch",
             sha256=hashlib.sha256(data).hexdigest(),
             holders=holders,
+            owner=current_key.get(),
         )
         if not await service.submit([(f"file/{file_id}", record.model_dump(mode="json"))]):
             storage.delete("files", file_id)
@@ -142,7 +159,9 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
 
     @app.get("/v1/files", tags=["batch"])
     async def list_files(purpose: str | None = None, limit: int = 10000, order: str = "desc") -> Any:
-        found = [f for f in rec.files(node.state) if purpose is None or f.purpose == purpose]
+        found = [
+            f for f in rec.files(node.state) if (purpose is None or f.purpose == purpose) and visible(node, f.owner)
+        ]
         found.sort(key=lambda f: (f.created_at, f.id), reverse=order != "asc")
         data = [rec.file_object(f) for f in found[: max(1, min(limit, 10000))]]
         return {
@@ -156,14 +175,14 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
     @app.get("/v1/files/{file_id}", tags=["batch"])
     async def get_file(file_id: str) -> Any:
         record = rec.file_record(node.state, file_id)
-        if record is None:
+        if record is None or not visible(node, record.owner):
             return error(404, f"no file {file_id!r}", "file_not_found", "file_id")
         return rec.file_object(record)
 
     @app.get("/v1/files/{file_id}/content", tags=["batch"])
     async def file_content(file_id: str) -> Any:
         record = rec.file_record(node.state, file_id)
-        if record is None:
+        if record is None or not visible(node, record.owner):
             return error(404, f"no file {file_id!r}", "file_not_found", "file_id")
         try:
             data = await storage.read("files", record.id, record.holders)
@@ -174,7 +193,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
     @app.delete("/v1/files/{file_id}", tags=["batch"])
     async def delete_file(file_id: str) -> Any:
         record = rec.file_record(node.state, file_id)
-        if record is None:
+        if record is None or not visible(node, record.owner):
             return error(404, f"no file {file_id!r}", "file_not_found", "file_id")
         users = [
             b.id
@@ -222,7 +241,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
                 "metadata",
             )
         record = rec.file_record(node.state, str(file_id)) if isinstance(file_id, str) else None
-        if record is None:
+        if record is None or not visible(node, record.owner):
             return error(400, f"no file {file_id!r}: upload one with POST /v1/files", "file_not_found", "input_file_id")
         if record.purpose != "batch":
             return error(
@@ -239,6 +258,7 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
             metadata=metadata,
             created_at=int(time.time()),
             created_by=node.node_id,
+            owner=current_key.get(),
         )
         run = rec.Assignment(node=node.node_id, generation=1, since=time.time())
         entries = [
@@ -252,7 +272,8 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
 
     @app.get("/v1/batches", tags=["batch"])
     async def list_batches(limit: int = 20, after: str | None = None) -> Any:
-        found = sorted(rec.specs(node.state), key=lambda b: (b.created_at, b.id), reverse=True)
+        mine = (b for b in rec.specs(node.state) if visible(node, b.owner))
+        found = sorted(mine, key=lambda b: (b.created_at, b.id), reverse=True)
         if after is not None:
             ids = [b.id for b in found]
             found = found[ids.index(after) + 1 :] if after in ids else []
@@ -269,14 +290,14 @@ def add_batch_routes(app: FastAPI, node: NodeSurface, service: BatchService, con
     @app.get("/v1/batches/{batch_id}", tags=["batch"])
     async def get_batch(batch_id: str) -> Any:
         batch = rec.spec(node.state, batch_id)
-        if batch is None:
+        if batch is None or not visible(node, batch.owner):
             return error(404, f"no batch {batch_id!r}", "batch_not_found", "batch_id")
         return rec.batch_object(node.state, batch)
 
     @app.post("/v1/batches/{batch_id}/cancel", tags=["batch"])
     async def cancel_batch(batch_id: str) -> Any:
         batch = rec.spec(node.state, batch_id)
-        if batch is None:
+        if batch is None or not visible(node, batch.owner):
             return error(404, f"no batch {batch_id!r}", "batch_not_found", "batch_id")
         status = rec.progress(node.state, batch_id).status
         if status in rec.TERMINAL:

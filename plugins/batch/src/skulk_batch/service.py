@@ -438,6 +438,7 @@ class BatchService:
                 purpose="batch_output",
                 sha256=hashlib.sha256(data).hexdigest(),
                 holders=holders,
+                owner=batch.owner,
             )
             extra.append((f"file/{file_id}", record.model_dump(mode="json")))
             ids[f"{kind}_file_id"] = file_id
