@@ -27,6 +27,7 @@ from .options import resolve_options
 from .ring import form_group, pin_to_core
 from .session import Loaded, MlxSession
 from .split import StageSpec, shard_tensor, split_pipeline
+from .vlm import VlmSession, load_vlm
 
 log = logging.getLogger("skulk.engine_mlx")
 
@@ -91,11 +92,16 @@ class MlxEngine:
             return []
         return [f"mlx-{compute_kind()}"]
 
-    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> MlxSession:
+    def load(self, spec: RunnerSpec, progress: Callable[[int, int], None]) -> MlxSession | VlmSession:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         config = resolve_options(spec.options, spec.card)
         shard = spec.shard
         folder = model_folder(spec)
+        if "vision" in spec.card.capabilities:  # mlx-vlm's model classes, one node (vlm.py)
+            progress(0, 1)
+            session = load_vlm(spec, folder, ComputeThread())
+            progress(1, 1)
+            return session
         group = spec.group if shard.world_size > 1 else None
         if shard.world_size > 1 and (group is None or len(group.hosts) != shard.world_size):
             raise ValueError(f"a {shard.world_size}-rank shard needs a group of {shard.world_size} hosts, got {group}")

@@ -127,6 +127,7 @@ def rank_main(out: Any, job: RankJob, rank: int) -> None:
     import psutil
 
     from .engine import MlxEngine
+    from .session import MlxSession
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     report = RankReport(rank=rank)
@@ -134,6 +135,7 @@ def rank_main(out: Any, job: RankJob, rank: int) -> None:
     try:
         card = ModelCard.model_validate_json(job.card_json)
         session = MlxEngine().load(build_spec(job, card, rank), lambda d, t: None)
+        assert isinstance(session, MlxSession), "split ranks load text models"
         report.load_s = time.perf_counter() - started
         report.rss_after_load = psutil.Process().memory_info().rss
         report.param_bytes = session.param_bytes()

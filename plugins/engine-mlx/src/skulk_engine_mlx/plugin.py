@@ -47,3 +47,19 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
     if build is None or build.startswith("unusable"):
         return False, f"Apple silicon, but mlx is not usable ({build or 'not installed'}): pip install mlx mlx-lm"
     return True, f"{build} on Metal"
+
+
+@hookimpl
+def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+    """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards, vlm.py)."""
+    if type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
+        from skulk_api_control.vision_wire import follow
+
+        follow(node, event.event)
+
+
+@hookimpl
+def shutdown(node: Any) -> None:
+    from skulk_api_control.vision_wire import unfollow
+
+    unfollow(node)

@@ -82,6 +82,7 @@ def card_from_config_json(folder: Path, model_id: str) -> ModelCard:
         storage_size=size,
         # safetensors need an engine that reads them (MLX, vLLM); llama.cpp and echo do not
         compatible_backends=("mlx-metal", "mlx-cpu", "vllm-cuda"),
+        capabilities=("vision",) if isinstance(config.get("vision_config"), dict) else (),  # a VLM (mlx-vlm)
         sections={"runtime": {"head_dim": hidden // max(1, heads)}},
     )
 
