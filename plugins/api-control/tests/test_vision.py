@@ -54,14 +54,14 @@ def test_png_and_jpeg_travel_as_they_came_and_others_become_png() -> None:
     ],
 )
 def test_bad_images_are_4xx_that_say_what_is_wrong(data: bytes, status: int, words: str) -> None:
-    limits = vision_wire.ImageLimits(max_pixels=200 * 200)
+    limits = vision_wire.ImageLimits(images_max_pixels=200 * 200)
     with pytest.raises(InferenceError) as caught:
         vision.normalize(data, limits)
     assert caught.value.status == status and words in caught.value.message
 
 
 def test_an_image_over_the_byte_limit_is_413_before_it_is_decoded() -> None:
-    limits = vision_wire.ImageLimits(max_image_bytes=2048)
+    limits = vision_wire.ImageLimits(images_max_bytes=2048)
     big = base64.b64encode(b"\0" * 10_000).decode()
     with pytest.raises(InferenceError) as caught:
         asyncio.run(vision._read(big, limits, 0))
@@ -72,7 +72,7 @@ def test_remote_urls_are_refused_unless_the_operator_allows_them() -> None:
     with pytest.raises(InferenceError) as caught:
         asyncio.run(vision._read("https://example.invalid/cat.png", LIMITS, 1))
     assert caught.value.status == 400 and caught.value.code == "remote_images_off"
-    assert "image 2" in caught.value.message and "remote_fetch = true" in caught.value.message
+    assert "image 2" in caught.value.message and "images_remote_fetch = true" in caught.value.message
     with pytest.raises(InferenceError, match="data URL's type is application/pdf"):
         asyncio.run(vision._read("data:application/pdf;base64,AAAA", LIMITS, 0))
     with pytest.raises(InferenceError, match="valid base64"):
@@ -99,7 +99,7 @@ class FakeNode:
         self.services: Any = _Services()
 
     def plugin_config(self, name: str) -> Any:
-        return SimpleNamespace(images=self.limits)
+        return self.limits
 
 
 class _Services(dict):  # type: ignore[type-arg]
@@ -130,7 +130,7 @@ def test_prepare_turns_sources_into_references_and_holds_the_node_bound(monkeypa
     prepared.release()
     prepared.release()
     assert node.services[vision.HELD].bytes == 0
-    tight = FakeNode(_card("vision"), vision_wire.ImageLimits(max_node_bytes=1024))
+    tight = FakeNode(_card("vision"), vision_wire.ImageLimits(images_max_node_bytes=1024))
     with pytest.raises(InferenceError) as caught:
         asyncio.run(vision.prepare(tight, _params(data_url(noise(64, 64)))))  # type: ignore[arg-type]
     assert caught.value.status == 503

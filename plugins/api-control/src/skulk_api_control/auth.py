@@ -45,8 +45,8 @@ ASGIApp = Callable[[Scope_, Receive, Send], Awaitable[None]]
 current_key: ContextVar[str | None] = ContextVar("skulk_api_key", default=None)
 
 
-class ApiControlConfig(BaseModel):
-    """`[plugins.api-control]` in a profile."""
+class ApiControlConfig(ImageLimits):
+    """`[plugins.api-control]` in a profile (the `images_*` keys: vision_wire.ImageLimits)."""
 
     model_config = ConfigDict(extra="forbid")
     open: bool = Field(
@@ -65,9 +65,6 @@ class ApiControlConfig(BaseModel):
     prefix_affinity: bool = Field(default=True, description="keep a conversation on the instance that cached it")
     affinity_slack: int = Field(
         default=1, ge=0, description="open tasks an affine instance may have over the least-loaded one"
-    )
-    images: ImageLimits = Field(
-        default_factory=ImageLimits, description="images in chat requests: limits, and whether URLs are fetched"
     )
 
 

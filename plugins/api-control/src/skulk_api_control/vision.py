@@ -7,7 +7,7 @@ before any command exists) turns them into references and the bytes to send:
 * the model must take images: a card without the `vision` capability is a 400 "model X does not
   accept images" (in each API's own error shape, as every `InferenceError`);
 * a data URL or base64 is decoded; an http(s) URL is fetched only when the operator turned
-  `remote_fetch` on, with the size, type and time limits of `ImageLimits`;
+  `images_remote_fetch` on, with the size, type and time limits of `ImageLimits`;
 * Pillow decodes the whole image (a truncated file or something that is no image is a 400 that says
   so), its size in pixels is checked before decoding, and formats an engine may not read (WebP, GIF,
   BMP, TIFF) are re-encoded as PNG; PNG and JPEG travel as they came, byte for byte;
@@ -41,8 +41,7 @@ SEND_TIMEOUT_S = 600.0
 
 def limits_of(node: NodeSurface) -> ImageLimits:
     config = node.plugin_config("api-control")
-    found = getattr(config, "images", None)
-    return found if isinstance(found, ImageLimits) else ImageLimits()
+    return config if isinstance(config, ImageLimits) else ImageLimits()
 
 
 class _Held:
@@ -109,17 +108,17 @@ async def prepare(node: NodeSurface, params: TextGenerationParams) -> tuple[Text
             param="model",
         )
     limits = limits_of(node)
-    if len(sources) > limits.max_images:
-        raise _bad(f"the request has {len(sources)} images; this server takes at most {limits.max_images}")
+    if len(sources) > limits.images_per_request:
+        raise _bad(f"the request has {len(sources)} images; this server takes at most {limits.images_per_request}")
     images: list[bytes] = []
     total = 0
     for i, source in enumerate(sources):
         raw = await _read(source, limits, i)
         image = await asyncio.to_thread(normalize, raw, limits, i)
         total += len(image)
-        if total > limits.max_request_bytes:
+        if total > limits.images_max_request_bytes:
             raise _bad(
-                f"the request's images pass {limits.max_request_bytes} bytes; send fewer or smaller images",
+                f"the request's images pass {limits.images_max_request_bytes} bytes; send fewer or smaller images",
                 413,
                 "payload_too_large",
             )
@@ -130,7 +129,7 @@ async def prepare(node: NodeSurface, params: TextGenerationParams) -> tuple[Text
     )
     data = bundle(images)
     held = node.services.get(HELD) or node.services.publish(HELD, _Held())
-    if held.bytes + len(data) > limits.max_node_bytes:
+    if held.bytes + len(data) > limits.images_max_node_bytes:
         raise InferenceError(
             503,
             "this server holds as many image bytes as it may for other requests; retry shortly",
@@ -145,11 +144,11 @@ async def _read(source: str, limits: ImageLimits, i: int) -> bytes:
     """The encoded bytes of one image as it came (a data URL, base64 or an http(s) URL)."""
     where = f"image {i + 1}"
     if source.startswith(("http://", "https://")):
-        if not limits.remote_fetch:
+        if not limits.images_remote_fetch:
             raise _bad(
                 f"{where}: this server does not fetch image URLs; send the image inline as a data URL "
                 "(data:image/png;base64,...) or base64 (the operator can allow URLs with "
-                "[plugins.api-control.images] remote_fetch = true)",
+                "[plugins.api-control] images_remote_fetch = true)",
                 code="remote_images_off",
             )
         return await fetch(source, limits, where)
@@ -160,7 +159,7 @@ async def _read(source: str, limits: ImageLimits, i: int) -> bytes:
             raise _bad(f"{where}: a data URL must be data:<image type>;base64,<data>")
         if not head[5:].startswith("image/"):
             raise _bad(f"{where}: the data URL's type is {head[5:-7] or 'missing'}; send an image (image/png, ...)")
-    if len(text) * 3 // 4 > limits.max_image_bytes + 3:
+    if len(text) * 3 // 4 > limits.images_max_bytes + 3:
         raise _too_large(where, len(text) * 3 // 4, limits)
     try:
         return base64.b64decode(text, validate=True)
@@ -170,7 +169,7 @@ async def _read(source: str, limits: ImageLimits, i: int) -> bytes:
 
 def _too_large(where: str, size: int, limits: ImageLimits) -> InferenceError:
     return _bad(
-        f"{where} is {size} bytes; this server takes images of at most {limits.max_image_bytes} bytes: scale it down",
+        f"{where} is {size} bytes; this server takes images of at most {limits.images_max_bytes} bytes: scale it down",
         413,
         "payload_too_large",
     )
@@ -181,8 +180,8 @@ async def fetch(url: str, limits: ImageLimits, where: str) -> bytes:
     import httpx
 
     try:
-        async with asyncio.timeout(limits.fetch_timeout_s), httpx.AsyncClient(follow_redirects=True) as client:
-            async with client.stream("GET", url, timeout=limits.fetch_timeout_s) as response:
+        async with asyncio.timeout(limits.images_fetch_timeout_s), httpx.AsyncClient(follow_redirects=True) as client:
+            async with client.stream("GET", url, timeout=limits.images_fetch_timeout_s) as response:
                 if response.status_code != 200:
                     raise _bad(f"{where}: fetching {url} answered HTTP {response.status_code}", code="image_fetch")
                 kind = response.headers.get("content-type", "")
@@ -191,11 +190,12 @@ async def fetch(url: str, limits: ImageLimits, where: str) -> bytes:
                 got = bytearray()
                 async for piece in response.aiter_bytes():
                     got += piece
-                    if len(got) > limits.max_image_bytes:
+                    if len(got) > limits.images_max_bytes:
                         raise _too_large(where, len(got), limits)
                 return bytes(got)
     except TimeoutError:
-        raise _bad(f"{where}: {url} did not arrive within {limits.fetch_timeout_s:g}s", 408, "image_fetch") from None
+        late = f"{where}: {url} did not arrive within {limits.images_fetch_timeout_s:g}s"
+        raise _bad(late, 408, "image_fetch") from None
     except httpx.HTTPError as exc:
         raise _bad(f"{where}: fetching {url} failed: {exc}", code="image_fetch") from None
 
@@ -205,15 +205,15 @@ def normalize(data: bytes, limits: ImageLimits, i: int = 0) -> bytes:
     from PIL import Image, UnidentifiedImageError
 
     where = f"image {i + 1}"
-    if len(data) > limits.max_image_bytes:
+    if len(data) > limits.images_max_bytes:
         raise _too_large(where, len(data), limits)
     try:
         with Image.open(io.BytesIO(data)) as img:
             fmt = img.format or ""
             width, height = img.size
-            if width * height > limits.max_pixels:
+            if width * height > limits.images_max_pixels:
                 raise _bad(
-                    f"{where} is {width}x{height} pixels; this server takes at most {limits.max_pixels} pixels",
+                    f"{where} is {width}x{height} pixels; this server takes at most {limits.images_max_pixels} pixels",
                     413,
                     "payload_too_large",
                 )

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from skulk_kernel.api import MediaChunk, NodeSurface
 
 from . import uploads
@@ -36,18 +36,18 @@ RECEIVE_TIMEOUT_S = 120.0
 
 
 class ImageLimits(BaseModel):
-    """`[plugins.api-control.images]`: what a request may bring, and whether the API node fetches URLs."""
+    """What a request may bring, and whether the API node fetches URLs: `[plugins.api-control]` inherits
+    these keys (`images_*`), so an operator sets them beside the plugin's other options."""
 
-    model_config = ConfigDict(extra="forbid")
-    remote_fetch: bool = Field(
+    images_remote_fetch: bool = Field(
         default=False, description="fetch http(s) image URLs from the API node (off: only data URLs and base64)"
     )
-    fetch_timeout_s: float = Field(default=10.0, gt=0, description="the longest a remote image may take")
-    max_image_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, description="largest image (encoded)")
-    max_pixels: int = Field(default=40_000_000, ge=64, description="largest image in pixels (width x height)")
-    max_images: int = Field(default=16, ge=1, description="images in one request")
-    max_request_bytes: int = Field(default=48 * 1024 * 1024, ge=1024, description="all images of one request")
-    max_node_bytes: int = Field(
+    images_fetch_timeout_s: float = Field(default=10.0, gt=0, description="the longest a remote image may take")
+    images_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, description="largest image (encoded)")
+    images_max_pixels: int = Field(default=40_000_000, ge=64, description="largest image in pixels (width x height)")
+    images_per_request: int = Field(default=16, ge=1, description="images in one request")
+    images_max_request_bytes: int = Field(default=48 * 1024 * 1024, ge=1024, description="all images of one request")
+    images_max_node_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1024, description="image bytes this API node holds for requests at once"
     )
 
