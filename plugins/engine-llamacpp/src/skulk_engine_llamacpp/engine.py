@@ -222,9 +222,33 @@ class LlamaSession:
             gate.leave(ticket)
             raise
         try:
+            steps = self._prefill(params)
+            while True:
+                if cancelled():  # abandoned mid-prompt: llama.cpp stops only between steps (prefill.py)
+                    yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")
+                    return
+                try:
+                    done = next(steps)
+                except (StopIteration, BackendError):  # a step's error comes again from the request itself
+                    break
+                yield PrefillProgressChunk(command_id=command_id, seq=seq, processed=done, total=prompt)
+                seq += 1
             yield from self._generate(command_id, params, cancelled, seq)
         finally:
             gate.release(need)
+
+    def _prefill(self, params: TextGenerationParams) -> Iterator[int]:
+        """A long chat prompt evaluated in steps before it is generated from (the server backend only)."""
+        prefill = getattr(self.backend, "prefill", None)
+        if prefill is None or params.completion is not None or params.raw_prompt is not None:
+            return iter(())
+        if params.continue_from:  # a resume renders its own prompt (exact continuation)
+            return iter(())
+        try:
+            ids = self.backend.prompt_ids(to_messages(params), to_tools(params))
+        except BackendError:
+            return iter(())
+        return iter(prefill(ids))
 
     def _generate(
         self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool], seq: int = 0

@@ -47,6 +47,7 @@ from .events import (
     ToolCallDelta,
     TopLogprob,
 )
+from .prefill import PromptMemo, prefill_steps
 from .reasoning import OPEN as THINK_OPEN
 from .reasoning import ThinkSplitter
 from .templates import (
@@ -225,6 +226,8 @@ class LlamaServer:
         self.props: dict[str, Any] = {}
         self._drafted = 0
         self._accepted = 0
+        #: one rendering + tokenization per prompt, shared by the runner's count, the gate and prefill
+        self.memo = PromptMemo()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -413,9 +416,19 @@ class LlamaServer:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         return self._post("/apply-template", body)["prompt"]
 
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The token ids of this conversation's prompt as the chat endpoint renders it (memoized)."""
+        return self.memo.ids(
+            [messages, tools], lambda: self.tokenize(self.apply_template(messages, tools), add_special=True)
+        )
+
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens this conversation would take (for context-limit checks)."""
-        return len(self.tokenize(self.apply_template(messages, tools), add_special=True))
+        return len(self.prompt_ids(messages, tools))
+
+    def prefill(self, ids: Sequence[int]) -> Iterator[int]:
+        """Cache a long prompt's ids in timed steps (see :mod:`.prefill`); yields tokens cached so far."""
+        return prefill_steps(self, ids)
 
     # -- embeddings ------------------------------------------------------------------------
 
