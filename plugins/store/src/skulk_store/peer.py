@@ -312,7 +312,9 @@ class PeerFetcher:
             return None
         files = {n: src_meta for n, src_meta in sources[0].files.items() if not pinned or n in pinned}
         # the holder's manifest gives the sizes: refuse before the first byte when they do not fit
-        store.ensure_room(sum(int(m["size"]) for m in files.values()), f"copying {card.model_id} from peers")
+        # (a partial file an interrupted copy left has its blocks already: it needs no more room)
+        need = sum(int(m["size"]) for n, m in files.items() if not _reserved(_part(staging, n), int(m["size"])))
+        store.ensure_room(need, f"copying {card.model_id} from peers")
         staging.mkdir(parents=True, exist_ok=True)
         reporter = store._reporter(card.model_id, {n: int(m["size"]) for n, m in files.items()}, "copying from peers")
         began = time.monotonic()
@@ -352,7 +354,7 @@ def copy_file(
     could finish it, so the next copy (after a restart, or from other members) resumes there.
     """
     size, want = int(meta["size"]), str(meta["sha256"])
-    part = staging / ".peer" / (name.replace("/", "--") + ".part")
+    part = _part(staging, name)
     attempts = [[s for s in sources if not s.broken]] + [[s] for s in sources]
     for group in attempts:
         group = [s for s in group if not s.broken]
@@ -390,6 +392,18 @@ def copy_file(
         if len(group) == 1:
             group[0].broken = True
     return False
+
+
+def _part(staging: Path, name: str) -> Path:
+    """Where a file being copied lies until it is complete (with its `.ranges` record)."""
+    return staging / ".peer" / (name.replace("/", "--") + ".part")
+
+
+def _reserved(part: Path, size: int) -> bool:
+    try:
+        return part.stat().st_size == size and part.with_name(part.name + ".ranges").is_file()
+    except OSError:
+        return False
 
 
 def _range_source(src: Source, model_id: str, name: str) -> RangeSource:
