@@ -144,11 +144,14 @@ def main() -> None:
         added = runner.post("/models/add", json={"path": str(gguf), "model_id": LLAMA}, timeout=30)
         assert added.status_code == 200, added.text
         api_id = api.get("/node_id").json()
+
+        def placed(model_id: str) -> bool:
+            body = {"model_id": model_id, "excluded_nodes": [api_id]}
+            return bool(api.post("/place_instance", json=body).status_code == 200)
+
         for model in (ECHO, LLAMA):
             api.wait_until(
-                lambda m=model: (
-                    api.post("/place_instance", json={"model_id": m, "excluded_nodes": [api_id]}).status_code == 200
-                ),
+                lambda m=model: placed(m),
                 90,
                 f"placing {model}",
             )
