@@ -80,6 +80,7 @@ MODEL_SUITES = (
     "tests/steward/test_steward_qwen.py",
     "tests/serving/test_on_demand_node.py",  # Qwen placed on demand, twice
     "tests/hosts/test_lan.py",  # three llama.cpp nodes in namespaces, a model placed twice, Chromium
+    "tests/speech/test_voice_loop.py",  # SmolLM2, Piper and Whisper on one node
 )
 #: units that assert how fast something happens (a kill noticed, a loop stall, a resume mid-stream):
 #: they run with no model or other timing unit beside them, first, before the model suites start
@@ -87,6 +88,7 @@ TIMING_SUITES = (
     "tests/resume/",
     "plugins/transport-zenoh/tests/test_zenoh_processes.py",
     "plugins/transport-libp2p/tests/test_libp2p_processes.py",
+    "tests/speech/test_voice_loop.py",  # a barge-in cancels the answer within 300 ms
 )
 CORES = 2  # the CI machine's: model units take one each, a timing unit takes all
 

@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import calls
 from .audio import PCM_RATE, wav_bytes
 from .config import SpeechConfig
+from .voice import VoiceConfig, VoiceLoop
 
 log = logging.getLogger("skulk.speech.realtime")
 BYTES_PER_MS = PCM_RATE * 2 // 1000
@@ -67,12 +68,14 @@ class RealtimeSession:
         self.buffer_start_ms = 0  # stream position of buffer[0]
         self.received_ms = 0
         self.detector: Any = None
+        self.detector_origin_ms = 0  # stream position where the detector started (its positions count from it)
         self.speech_start_ms: int | None = None
         self.item_id: str | None = None
         self.previous_item: str | None = None
         self.turns: asyncio.Queue[tuple[str, bytes, float] | None] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
         self.closed = False
+        self.voice = VoiceLoop(node, self.send)  # answers turns once a session.update configures it
 
     def _default_model(self) -> str | None:
         for card in catalog(self.node).values():
@@ -125,6 +128,25 @@ class RealtimeSession:
                 "input_audio_transcription": {"model": self.model, "language": self.language, "prompt": self.prompt},
                 "turn_detection": vad,
             }
+        if self.voice.config is not None:
+            answer = self.voice.config
+            return {
+                "type": "realtime",
+                "id": self.session_id,
+                "object": "realtime.session",
+                "model": answer.model,
+                "instructions": answer.instructions,
+                "max_output_tokens": answer.max_output_tokens,
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": PCM_RATE},
+                        "transcription": {"model": self.model, "language": self.language, "prompt": self.prompt},
+                        "turn_detection": vad,
+                    },
+                    "output": {"format": {"type": "audio/pcm", "rate": PCM_RATE}, "voice": answer.voice},
+                },
+            }
         return {
             "type": "transcription",
             "id": self.session_id,
@@ -154,6 +176,7 @@ class RealtimeSession:
                     continue
                 await self.handle(raw)
         finally:
+            await self.voice.close()  # closing the socket cancels the response in progress
             self.closed = True
             await self.turns.put(None)
             worker.cancel()
@@ -185,6 +208,10 @@ class RealtimeSession:
                 return
             start = self.speech_start_ms if self.speech_start_ms is not None else self.buffer_start_ms
             await self.commit(start, self.received_ms)
+        elif kind == "response.cancel":
+            if not await self.voice.cancel("client_cancelled"):
+                await self.error("there is no response in progress to cancel", "response_cancel_not_active",
+                                 event_id=eid)  # fmt: skip
         elif kind == "input_audio_buffer.clear":
             self.buffer.clear()
             self.buffer_start_ms = self.received_ms
@@ -230,6 +257,17 @@ class RealtimeSession:
                 return
             transcription = audio_in.get("transcription") or {}
             vad = audio_in.get("turn_detection", "keep")
+        if not beta and session.get("type") == "realtime":
+            try:
+                self.voice.configure(VoiceConfig.from_session(session, self.voice.config))
+            except ValueError as exc:
+                await self.error(
+                    f"a realtime (voice) session needs 'model', the chat model that answers each turn: {exc}"[:600],
+                    "invalid_value",
+                    param="session.model",
+                    event_id=event_id,
+                )
+                return
         if transcription.get("model"):
             self.model = str(transcription["model"])
         self.language = transcription.get("language", self.language)
@@ -269,8 +307,11 @@ class RealtimeSession:
             self.detector = await asyncio.to_thread(
                 TurnDetector, PCM_RATE, threshold=self.threshold, silence_ms=self.silence_ms
             )
-        for boundary in await asyncio.to_thread(self.detector.feed, pcm):
+            self.detector_origin_ms = self.received_ms - len(pcm) // BYTES_PER_MS  # a session.update mid-stream
+        for found in await asyncio.to_thread(self.detector.feed, pcm):
+            boundary = type(found)(found.kind, found.at_ms + self.detector_origin_ms)
             if boundary.kind == "started":
+                barge_in = self.voice.active
                 self.speech_start_ms = boundary.at_ms
                 self.item_id = _item_id()
                 await self.send(
@@ -280,6 +321,8 @@ class RealtimeSession:
                         "item_id": self.item_id,
                     }
                 )
+                if barge_in:  # speaking over the answer stops the model and the synthesis
+                    await self.voice.cancel("turn_detected")
             elif self.speech_start_ms is not None:
                 await self.send(
                     {
@@ -367,6 +410,7 @@ class RealtimeSession:
                             "lag_ms": round((time.monotonic() - committed_at) * 1000, 1),
                         }
                     )
+                    await self.voice.respond("".join(text))  # a voice session answers the turn
                     return
                 delta = chunk.text if text else chunk.text.lstrip()
                 text.append(chunk.text)
