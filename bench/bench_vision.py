@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import io
 import json
 import os
@@ -151,7 +152,7 @@ def main() -> None:
 
         for model in (ECHO, LLAMA):
             api.wait_until(
-                lambda m=model: placed(m),
+                functools.partial(placed, model),
                 90,
                 f"placing {model}",
             )
