@@ -1,5 +1,8 @@
 """[providers] acceptance 2: the first-party speech capabilities, called from the API node on the speech node.
 
+`stt.realtime@1.0.0` (bidirectional) turns the same audio, sent as it is captured, into turns and
+their transcripts.
+
 `stt@1.0.0` (client-streaming: the audio in base64 pieces, a half-close, the transcript) transcribes
 the speech plugin's own synthesis of a paragraph with a word error rate under 10%; `vad@1.0.0`
 (bidirectional) marks where that speech starts and stops inside silence; `tts@1.0.0`
@@ -30,7 +33,7 @@ def _capabilities(cluster: SpeechCluster) -> dict[str, dict[str, Any]]:
     def listed() -> bool:
         got = cluster.api.get("/v1/capabilities", params={"node_id": cluster.speech_id}).json().get("data", [])
         found.update({c["id"]: c for c in got})
-        return {"tts", "stt", "vad"} <= set(found)
+        return {"tts", "stt", "stt.realtime", "vad"} <= set(found)
 
     cluster.api.wait_until(listed, 60, "the speech node's capabilities")
     return found
@@ -98,6 +101,16 @@ def test_stt_vad_and_tts_capabilities_on_the_speech_plugins_own_synthesis(speech
     log.warning("vad@1.0.0 on 1000 ms silence + %d ms speech + 1000 ms silence: %s", speech_ms, events)
     assert 700 <= events[0]["audio_ms"] <= 1400, events  # the speech begins after the first second
     assert 1000 + speech_ms - 1500 <= events[-1]["audio_ms"] <= 1000 + speech_ms + 200, (events, speech_ms)
+
+    # stt.realtime: the same audio as it is captured; turns, and each turn's transcript as it ends
+    got = _stream(api, _opening(speech_cluster, caps["stt.realtime"]), _pieces(audio, sample_rate=rate, model=WHISPER))
+    assert got[-1] == {"type": "end", "ok": True}, got[-1]
+    events = [m["data"] for m in got if m["type"] == "output"]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "speech_started" and kinds[-1] == "transcript" and "speech_stopped" in kinds, kinds
+    heard = " ".join(e["text"] for e in events if e["event"] == "transcript")
+    log.warning("stt.realtime@1.0.0: %d turns, WER %.3f", kinds.count("transcript"), wer(PARAGRAPH, heard))
+    assert wer(PARAGRAPH, heard) < 0.15, heard
 
     # tts: one text in, audio out as it is synthesised
     got = _stream(api, _opening(speech_cluster, caps["tts"], input={"text": "Hello from the provider.",

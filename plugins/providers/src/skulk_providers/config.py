@@ -24,7 +24,8 @@ class ProvidersConfig(BaseModel):
         default="all", description='entry-point names in skulk.extensions to load, or "all" installed ones'
     )
     first_party: bool = Field(
-        default=True, description="offer tts, stt and vad @1.0.0 over the speech plugin where this node loads it"
+        default=True,
+        description="offer tts, stt, stt.realtime and vad @1.0.0 over the speech plugin where this node loads it",
     )
     call_timeout_s: float = Field(default=30.0, gt=0, description="a call's deadline when the caller names none")
     max_timeout_s: float = Field(default=600.0, gt=0, description="the longest deadline a caller may ask for")

@@ -1,4 +1,4 @@
-"""First-party capabilities over what the speech plugin already serves: tts, stt and vad @1.0.0.
+"""First-party capabilities over what the speech plugin already serves: tts, stt, stt.realtime, vad @1.0.0.
 
 They are facades, not engines: `tts` and `stt` send the same SpeechSynthesis and Transcription
 commands the OpenAI audio routes send (so placement, routing, uploads on the data plane and the
@@ -200,6 +200,87 @@ class Vad(Capability):
                 yield {"event": f"speech_{boundary.kind}", "audio_ms": int(boundary.at_ms)}
 
 
+class SttRealtime(Capability):
+    descriptor = Descriptor(
+        id="stt.realtime", version="1.0.0",
+        description="Realtime speech to text: send PCM16 mono audio in base64 pieces as it is captured; get "
+        "speech_started, speech_stopped and each turn's transcript as it ends. 'sample_rate' (default 24000), "
+        "'model' and 'language' are read from the first piece; a half-close transcribes what is left.",
+        input_schema={"type": "object", "properties": {
+            "audio": B64, "sample_rate": {"type": "integer", "minimum": 8000, "maximum": 48000}, "model": MODEL,
+            "language": {"type": "string", "minLength": 2, "maxLength": 8}},
+            "required": ["audio"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "event": {"enum": ["speech_started", "speech_stopped", "transcript"]},
+            "audio_ms": {"type": "integer", "minimum": 0}, "text": {"type": "string"}},
+            "required": ["event", "audio_ms"], "additionalProperties": False},
+        mode=IoMode.BIDIRECTIONAL,
+    )  # fmt: skip
+
+    PADDING_MS = 300
+
+    def __init__(self, node: NodeSurface) -> None:
+        self.node = node
+
+    async def stream(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        from skulk_speech.vad import TurnDetector
+
+        config = _config(self.node)
+        first: dict[str, Any] | None = None
+        detector: Any = None
+        rate, buffer, buffer_ms, received_ms, start_ms = 24000, bytearray(), 0, 0, None
+        async for message in inputs:
+            if first is None:
+                first = message
+                rate = int(message.get("sample_rate", 24000))
+                detector = await asyncio.to_thread(TurnDetector, rate, config.vad_threshold, config.vad_silence_ms)
+            pcm = _decode(message["audio"], "audio")
+            buffer += pcm
+            received_ms += len(pcm) * 1000 // (2 * rate)
+            for boundary in await asyncio.to_thread(detector.feed, pcm):
+                if boundary.kind == "started":
+                    start_ms = boundary.at_ms
+                    yield {"event": "speech_started", "audio_ms": int(boundary.at_ms)}
+                elif start_ms is not None:
+                    yield {"event": "speech_stopped", "audio_ms": int(boundary.at_ms)}
+                    end_ms = min(received_ms, boundary.at_ms + 200)
+                    turn, buffer, buffer_ms = self._cut(buffer, buffer_ms, start_ms, end_ms, rate)
+                    yield await self._transcript(turn, rate, first, end_ms)
+                    start_ms = None
+            if start_ms is None and len(buffer) > 2 * rate * 2:  # keep a second of lead-in, no more
+                drop = len(buffer) - 2 * rate
+                drop -= drop % 2
+                del buffer[:drop]
+                buffer_ms += drop * 1000 // (2 * rate)
+        if first is not None and start_ms is not None:  # the half-close ends a turn still open
+            turn, buffer, buffer_ms = self._cut(buffer, buffer_ms, start_ms, received_ms, rate)
+            yield {"event": "speech_stopped", "audio_ms": received_ms}
+            yield await self._transcript(turn, rate, first, received_ms)
+
+    def _cut(
+        self, buffer: bytearray, buffer_ms: int, start_ms: int, end_ms: int, rate: int
+    ) -> tuple[bytes, bytearray, int]:
+        def at(ms: int) -> int:
+            offset = max(0, ms - buffer_ms) * 2 * rate // 1000
+            return offset - offset % 2
+
+        turn = bytes(buffer[at(start_ms - self.PADDING_MS) : at(end_ms)])
+        return turn, bytearray(buffer[at(end_ms) :]), max(buffer_ms, end_ms)
+
+    async def _transcript(self, pcm: bytes, rate: int, first: dict[str, Any], end_ms: int) -> dict[str, Any]:
+        from skulk_kernel.api import SpeechParams, TranscriptChunk
+        from skulk_speech import calls
+        from skulk_speech.audio import wav_bytes
+
+        config = _config(self.node)
+        model = _model(self.node, "Transcription", first.get("model"))
+        params = SpeechParams(model_id=model, options={"language": first.get("language"), "temperature": 0.0})
+        wav = await asyncio.to_thread(wav_bytes, pcm, rate)
+        handle = await _start(calls.transcribe(self.node, params, wav, config.place_on_request))
+        text = [c.text async for c in _chunks(handle) if isinstance(c, TranscriptChunk)]
+        return {"event": "transcript", "audio_ms": int(end_ms), "text": "".join(text).strip()}
+
+
 def speech_capabilities(node: NodeSurface) -> list[Capability]:
     """The facades, where this node loads the speech plugin (none elsewhere)."""
     if "speech" not in node.profile.plugins:
@@ -210,4 +291,4 @@ def speech_capabilities(node: NodeSurface) -> list[Capability]:
     except ImportError as exc:
         log.info("speech capabilities not offered: %s", exc)
         return []
-    return [Tts(node), Stt(node), Vad(node)]
+    return [Tts(node), Stt(node), SttRealtime(node), Vad(node)]
