@@ -183,3 +183,56 @@ def test_the_body_depth_check_is_fast_on_an_image_sized_body() -> None:
     assert json_depth(body.encode(), 64) == 6 and oversized_integer(body.encode()) is None
     assert time.perf_counter() - started < 0.4  # was 1.2 s: one alternation per character, in both scans
     assert oversized_integer(json.dumps({"s": 'x\\"99999999999999999999', "n": 10**20}).encode()) == b"1" + b"0" * 20
+
+
+@pytest.fixture
+def image_server() -> Any:
+    """A real HTTP server on loopback: /cat.png (an image), /page.html (not one), /big.png (over the
+    limit), /slow.png (answers after the fetch timeout)."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    image = png(40, 30)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            kind, body = {
+                "/cat.png": ("image/png", image),
+                "/page.html": ("text/html", b"<html></html>"),
+                "/big.png": ("image/png", b"\0" * 8192),
+            }.get(self.path, ("image/png", image))
+            if self.path == "/slow.png":
+                time.sleep(1.5)
+            self.send_response(200)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", image
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_remote_fetch_when_allowed_is_bounded_in_size_type_and_time(image_server: Any) -> None:
+    base, image = image_server
+    limits = vision_wire.ImageLimits(images_remote_fetch=True, images_max_bytes=4096, images_fetch_timeout_s=0.5)
+    assert asyncio.run(vision._read(f"{base}/cat.png", limits, 0)) == image
+    with pytest.raises(InferenceError, match="text/html, not an image") as caught:
+        asyncio.run(vision._read(f"{base}/page.html", limits, 0))
+    assert caught.value.status == 400
+    with pytest.raises(InferenceError) as caught:
+        asyncio.run(vision._read(f"{base}/big.png", limits, 0))
+    assert caught.value.status == 413
+    with pytest.raises(InferenceError, match=r"did not arrive within 0\.5s") as caught:
+        asyncio.run(vision._read(f"{base}/slow.png", limits, 0))
+    assert caught.value.status == 408
