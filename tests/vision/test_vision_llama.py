@@ -133,3 +133,9 @@ def test_time_to_first_token_with_a_one_megapixel_image(vision_node: NodeProcess
         f"on the wire: {len(base64.b64encode(image))} bytes of base64 in the request"
     )
     assert pictured < 30  # bounded: the image is decoded, sent and projected in seconds
+
+
+def test_adding_the_projector_itself_is_a_400(vision_node: NodeProcess, models_dir: Path) -> None:
+    projector = models_dir / "local" / "tiny-vision" / "mmproj-tiny-vision.gguf"
+    r = vision_node.post("/models/add", json={"path": str(projector), "model_id": "test/not-a-model"}, timeout=30)
+    assert r.status_code == 400 and "vision projector" in r.text, r.text

@@ -458,6 +458,8 @@ class LocalModelStore:
             )
         if path.is_file() and path.suffix == ".gguf":
             card = card_from_gguf(path, model_id or path.stem)
+            if card.family == "clip":
+                raise ValueError(f"{path} is a vision projector (mmproj), not a model: add the model's GGUF beside it")
             projectors = sorted(p.name for p in path.parent.glob("mmproj*.gguf") if p != path)
             if len(projectors) == 1:  # a vision model: llama.cpp loads the projector beside it
                 caps = (*card.capabilities, "vision") if "vision" not in card.capabilities else card.capabilities
