@@ -32,6 +32,8 @@ from .audio import PCM_RATE
 log = logging.getLogger("skulk.speech.voice")
 SENTENCE_END = re.compile(r"[.!?;:\n]")
 MIN_SEGMENT_CHARS = 12
+MAX_SEGMENT_CHARS = 90
+HISTORY_TURNS = 8  # the turns a response sees (a voice chat's context stays small and fast)
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -67,7 +69,11 @@ class VoiceConfig(BaseModel):
 
 
 def cut_sentences(pending: str, final: bool) -> tuple[list[str], str]:
-    """Complete sentences (at least MIN_SEGMENT_CHARS long) out of `pending`, and what is left."""
+    """Complete sentences (at least MIN_SEGMENT_CHARS long) out of `pending`, and what is left.
+
+    A run-on text is cut at a comma or a space once it passes MAX_SEGMENT_CHARS, so the first audio
+    never waits for a sentence that does not end.
+    """
     out: list[str] = []
     start = 0
     for match in SENTENCE_END.finditer(pending):
@@ -76,6 +82,12 @@ def cut_sentences(pending: str, final: bool) -> tuple[list[str], str]:
             out.append(pending[start:end].strip())
             start = end
     rest = pending[start:]
+    while len(rest) > MAX_SEGMENT_CHARS:
+        cut = max(rest.rfind(", ", 0, MAX_SEGMENT_CHARS), rest.rfind(" ", 0, MAX_SEGMENT_CHARS))
+        if cut < MIN_SEGMENT_CHARS:
+            break
+        out.append(rest[: cut + 1].strip())
+        rest = rest[cut + 1 :]
     if final and rest.strip():
         out.append(rest.strip())
         rest = ""
@@ -214,7 +226,7 @@ class VoiceLoop:
 
         system = config.instructions or "You are a helpful voice assistant. Answer briefly, in plain sentences."
         return (ChatMessage(role="system", content=system),
-                *(ChatMessage(role=role, content=text) for role, text in self.history[-20:]))  # fmt: skip
+                *(ChatMessage(role=role, content=text) for role, text in self.history[-HISTORY_TURNS:]))  # fmt: skip
 
     async def _respond(self, response_id: str, config: VoiceConfig) -> None:
         from skulk_api_control.dispatch import InferenceError, generate
