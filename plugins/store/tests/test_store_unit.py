@@ -73,6 +73,13 @@ def test_pick_files_prefers_named_then_quant_then_smallest() -> None:
         pick_files([sib("README.md")], None)
     with pytest.raises(HubError):
         pick_files(repo, "absent.gguf")
+    # a vision repository: the projector comes with the model, and is never taken for the model
+    vision = [sib("mmproj-m-f16.gguf", 1), sib("mmproj-m-q8.gguf", 1), sib("m.Q8_0.gguf", 8), sib("m.Q4_K_M.gguf", 4)]
+    files, main = pick_files(vision, None)
+    assert main == "m.Q4_K_M.gguf" and [s.rfilename for s in files] == ["m.Q4_K_M.gguf", "mmproj-m-f16.gguf"]
+    files, main = pick_files(vision, "m.Q8_0.gguf")
+    assert [s.rfilename for s in files] == ["m.Q8_0.gguf", "mmproj-m-f16.gguf"]
+    assert pick_files([sib("mmproj-only.gguf"), sib("m.Q4_0.gguf")], None)[1] == "m.Q4_0.gguf"
 
 
 def test_add_local_refuses_paths_outside_the_model_dirs(tmp_path: Path) -> None:

@@ -78,22 +78,38 @@ def _hub_error(exc: Exception, what: str) -> HubError:
     return HubError(f"{what}: the hub at {endpoint()} answered {name}: {exc}")
 
 
+def is_projector(name: str) -> bool:
+    return name.split("/")[-1].lower().startswith("mmproj") and name.endswith(".gguf")
+
+
+def _projector(names: dict[str, Any]) -> list[Any]:
+    """A vision repository's projector (`mmproj*.gguf`), fetched with the model (F16 first, else the
+    smallest): llama.cpp reads images through it (engine-llamacpp's vision.py)."""
+    found = sorted(n for n in names if is_projector(n))
+    if not found:
+        return []
+    return [names[next((n for n in found if "f16" in n.lower()), min(found, key=lambda n: names[n].size or 0))]]
+
+
 def pick_files(siblings: list[Any], wanted: str | None) -> tuple[list[Any], str]:
-    """(files to fetch, main file) for a repository's file list; `wanted` names one GGUF file."""
+    """(files to fetch, main file) for a repository's file list; `wanted` names one GGUF file. A
+    repository with a projector (`mmproj*.gguf`) gets it fetched beside the model GGUF."""
     names = {s.rfilename: s for s in siblings}
-    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    ggufs = sorted(n for n in names if n.endswith(".gguf") and not is_projector(n))
     if wanted:
         if wanted not in names:
             raise HubError(f"file {wanted!r} is not in the repository (it has {sorted(names)[:20]})")
-        return [names[wanted]], wanted if wanted.endswith(".gguf") else ""
+        return [names[wanted], *(_projector(names) if wanted.endswith(".gguf") else [])], (
+            wanted if wanted.endswith(".gguf") else ""
+        )
     if ggufs:
         whole = [n for n in ggufs if not re.search(r"-\d{5}-of-\d{5}\.gguf$", n)] or ggufs
         for quant in GGUF_PREFERENCE:
             hit = next((n for n in whole if quant.lower() in n.lower()), None)
             if hit:
-                return [names[hit]], hit
+                return [names[hit], *_projector(names)], hit
         smallest = min(whole, key=lambda n: names[n].size or 0)
-        return [names[smallest]], smallest
+        return [names[smallest], *_projector(names)], smallest
     folder = [s for n, s in names.items() if FOLDER_FILES.search(n) and "/" not in n]
     if not any(s.rfilename == "config.json" for s in folder):
         raise HubError("the repository has neither a .gguf file nor a config.json: Skulk cannot serve it")
@@ -163,6 +179,10 @@ def card_for(model: HubModel, model_id: str) -> ModelCard:
             card = card_from_gguf_metadata(meta, model_id, size, Path(model.main_file).name)
         except CardError as exc:
             raise HubError(str(exc)) from None
+        projector = next((f.name for f in model.files if is_projector(f.name)), None)
+        if projector is not None:  # a vision model: the projector is staged and copied with it
+            sections = {**card.sections, "vision": {"mmproj": projector}}
+            card = card.model_copy(update={"capabilities": (*card.capabilities, "vision"), "sections": sections})
     else:
         from huggingface_hub import hf_hub_download
 
