@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -35,8 +36,8 @@ TEXT = "skulk/echo"
 PROFILE = """
 [profile]
 name = "vision-test"
-plugins = ["transport-zenoh", "election-bully", "master", "worker", "engine-echo", "api-control", "api-openai",
-           "api-anthropic", "api-ollama", "observe"]
+plugins = ["transport-zenoh", "election-bully", "master", "worker", "store", "engine-echo", "engine-llamacpp",
+           "api-control", "api-openai", "api-anthropic", "api-ollama", "observe"]
 
 [planes]
 control = "zenoh"
@@ -46,7 +47,11 @@ default_models = []
 
 [plugins.engine-echo]
 vision_model = true
+
+[plugins.engine-llamacpp]
+n_threads = 1
 """
+LLAMA = "test/tiny-vision-llama"  # skulk_engine_llamacpp.tiny_vision: a chat GGUF and its projector
 
 
 def picture(width: int = 64, height: int = 48, fmt: str = "PNG") -> bytes:
@@ -78,11 +83,19 @@ def _agreed(nodes: list[NodeProcess]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionCluster]:
+def cluster(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionCluster]:
+    from skulk_engine_llamacpp.tiny_vision import write_tiny_vision_model
+
+    gguf = write_tiny_vision_model(models_dir / "local" / "tiny-vision")
     tmp = tmp_path_factory.mktemp("vision")
     profile = tmp / "profile.toml"
     profile.write_text(PROFILE)
-    env = {"SKULK_NETWORK_VERSION": f"vi{uuid.uuid4().hex[:10]}", "SKULK_VISION_SPOOL": str(tmp / "spool")}
+    env = {
+        "SKULK_NETWORK_VERSION": f"vi{uuid.uuid4().hex[:10]}",
+        "SKULK_VISION_SPOOL": str(tmp / "spool"),
+        "SKULK_MODELS_DIR": str(models_dir),
+        "HF_HUB_OFFLINE": "1",
+    }
     nodes: list[NodeProcess] = []
     try:
         for i in range(2):
@@ -92,7 +105,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VisionCluster]
         api, runner = nodes
         api.wait_until(lambda: _agreed(nodes), 90, "one master and both nodes in the topology")
         api_id, runner_id = api.get("/node_id").json(), runner.get("/node_id").json()
-        for model in (VISION, TEXT):
+        added = runner.post("/models/add", json={"path": str(gguf), "model_id": LLAMA}, timeout=30)
+        assert added.status_code == 200, added.text
+        for model in (VISION, TEXT, LLAMA):
             api.wait_until(
                 lambda m=model: (
                     api.post("/place_instance", json={"model_id": m, "excluded_nodes": [api_id]}).status_code == 200
@@ -301,3 +316,69 @@ def test_a_traced_image_request_has_its_upload_as_a_span(cluster: VisionCluster)
         assert upload["start_ns"] <= prefill["end_ns"], names
     finally:
         httpx.put(api.url + "/v1/tracing", json={"enabled": False}, timeout=15)
+
+
+def test_official_sdks_send_images_to_llama_cpp_on_the_second_node(cluster: VisionCluster) -> None:
+    """The same through a real engine: llama.cpp's server with the tiny projector, on the runner node.
+    The answer is noise; each API's prompt count grows by the projector's tokens for the image."""
+    from skulk_engine_llamacpp.tiny_vision import IMAGE_TOKENS
+
+    api = cluster.api
+    image = picture(48, 48)
+    b64 = base64.b64encode(image).decode()
+    sdk = openai.OpenAI(base_url=api.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def chat(with_image: bool) -> int:
+        parts: list[dict[str, object]] = [{"type": "text", "text": "what is this"}]
+        if with_image:
+            parts.append({"type": "image_url", "image_url": {"url": data_url(image)}})
+        stream = sdk.chat.completions.create(
+            model=LLAMA,
+            messages=[{"role": "user", "content": parts}],  # type: ignore[misc, list-item]
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = [c.usage for c in stream if c.usage is not None]
+        return usage[-1].prompt_tokens
+
+    def responses(with_image: bool) -> int:
+        parts: list[dict[str, object]] = [{"type": "input_text", "text": "what is this"}]
+        if with_image:
+            parts.append({"type": "input_image", "image_url": data_url(image), "detail": "auto"})
+        events = list(
+            sdk.responses.create(
+                model=LLAMA,
+                input=[{"role": "user", "content": parts}],  # type: ignore[list-item, misc]
+                max_output_tokens=4,
+                stream=True,
+            )
+        )
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        return events[-1].response.usage.input_tokens  # type: ignore[union-attr]
+
+    claude = anthropic.Anthropic(base_url=api.url, api_key="unused", max_retries=0, timeout=60)
+
+    def messages(with_image: bool) -> int:
+        blocks: list[dict[str, object]] = [{"type": "text", "text": "what is this"}]
+        if with_image:
+            blocks.insert(0, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}})
+        with claude.messages.stream(
+            model=LLAMA,
+            max_tokens=4,
+            messages=[{"role": "user", "content": blocks}],  # type: ignore[typeddict-item, list-item]
+        ) as s:
+            "".join(s.text_stream)
+            return s.get_final_message().usage.input_tokens
+
+    client = ollama.Client(host=api.url, timeout=60)
+
+    def ollama_chat(with_image: bool) -> int:
+        message = {"role": "user", "content": "what is this", **({"images": [image]} if with_image else {})}
+        parts = list(client.chat(model=LLAMA, messages=[message], stream=True, options={"num_predict": 4}))
+        assert parts[-1]["done"]
+        return int(parts[-1]["prompt_eval_count"] or 0)
+
+    for api_name, ask in (("chat", chat), ("responses", responses), ("messages", messages), ("ollama", ollama_chat)):
+        with_image, without = ask(True), ask(False)
+        assert with_image - without >= IMAGE_TOKENS, (api_name, with_image, without)
