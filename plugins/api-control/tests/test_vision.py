@@ -46,6 +46,10 @@ def test_png_and_jpeg_travel_as_they_came_and_others_become_png() -> None:
     webp = vision.normalize(png(fmt="WEBP"), LIMITS)
     with Image.open(io.BytesIO(webp)) as img:
         assert img.format == "PNG" and img.size == (32, 24)
+    out = io.BytesIO()
+    Image.new("CMYK", (16, 16), (0, 50, 100, 0)).save(out, "JPEG")  # stb_image (llama.cpp) reads no CMYK
+    with Image.open(io.BytesIO(vision.normalize(out.getvalue(), LIMITS))) as img:
+        assert img.format == "PNG" and img.mode == "RGB"
 
 
 @pytest.mark.parametrize(

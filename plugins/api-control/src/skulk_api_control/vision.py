@@ -9,8 +9,9 @@ before any command exists) turns them into references and the bytes to send:
 * a data URL or base64 is decoded; an http(s) URL is fetched only when the operator turned
   `images_remote_fetch` on, with the size, type and time limits of `ImageLimits`;
 * Pillow decodes the whole image (a truncated file or something that is no image is a 400 that says
-  so), its size in pixels is checked before decoding, and formats an engine may not read (WebP, GIF,
-  BMP, TIFF) are re-encoded as PNG; PNG and JPEG travel as they came, byte for byte;
+  so), its size in pixels is checked before decoding, and what an engine may not read (WebP, GIF,
+  BMP, TIFF; a CMYK JPEG, a 16-bit PNG) is re-encoded as 8-bit PNG; other PNG and JPEG files travel
+  as they came, byte for byte;
 * limits hold per image, per request (count and bytes) and per node (bytes held for requests at
   once: a 503 asks to retry when they are spent).
 
@@ -33,7 +34,8 @@ from . import uploads
 from .dispatch import InferenceError
 from .vision_wire import IMAGES, ImageLimits, bundle, ref_of
 
-KEEP = {"PNG", "JPEG"}  # formats that travel as they came
+KEEP = {"PNG", "JPEG"}  # formats that travel as they came, in PLAIN_MODES
+PLAIN_MODES = {"RGB", "RGBA", "L", "LA", "P"}  # 8-bit modes every engine's decoder reads (not CMYK, 16-bit)
 READ = KEEP | {"WEBP", "GIF", "BMP", "TIFF"}  # formats read and re-encoded as PNG
 SEND_TIMEOUT_S = 600.0
 
@@ -219,7 +221,7 @@ def normalize(data: bytes, limits: ImageLimits, i: int = 0) -> bytes:
             if fmt not in READ:
                 raise _bad(f"{where} is a {fmt or 'unknown'} image; send PNG, JPEG, WebP, GIF, BMP or TIFF")
             img.load()  # decodes every pixel: a truncated or corrupt file fails here
-            if fmt in KEEP:
+            if fmt in KEEP and img.mode in PLAIN_MODES:
                 return data
             out = io.BytesIO()
             img.convert("RGBA" if img.mode in ("RGBA", "LA", "P") else "RGB").save(out, "PNG")
