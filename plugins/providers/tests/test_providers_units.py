@@ -236,3 +236,30 @@ async def test_payload_caps_both_sides() -> None:
     with pytest.raises(CallError) as err:
         await handle.result()
     assert err.value.code == "payload_too_large"
+
+
+def test_the_stream_socket_is_gated_like_the_http_routes() -> None:
+    from types import SimpleNamespace
+
+    from skulk_api_control.auth import PLUGIN_DATA, ApiControlConfig, hash_key
+    from skulk_kernel.api import State
+    from skulk_providers.routes import ws_refusal
+
+    keys = {
+        "k1": {"id": "k1", "name": "op", "scope": "operator", "sha256": hash_key("sk-op")},
+        "k2": {"id": "k2", "name": "inf", "scope": "inference", "sha256": hash_key("sk-inf")},
+    }
+    config = ApiControlConfig()
+    node: Any = SimpleNamespace(state=State(plugin_data={PLUGIN_DATA: keys}), plugin_config=lambda _n: config)
+
+    def ws(host: str, key: str | None = None) -> Any:
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        return SimpleNamespace(client=SimpleNamespace(host=host, port=1), scope={"headers": headers})
+
+    assert ws_refusal(node, ws("127.0.0.1")) is None  # loopback is exempt, as for HTTP
+    assert "required" in (ws_refusal(node, ws("192.0.2.7")) or "")
+    assert "operator" in (ws_refusal(node, ws("192.0.2.7", "sk-inf")) or "")
+    assert ws_refusal(node, ws("192.0.2.7", "sk-op")) is None
+    assert "required" in (ws_refusal(node, ws("192.0.2.7", "sk-wrong")) or "")
+    config = ApiControlConfig(open=True)
+    assert ws_refusal(node, ws("192.0.2.7")) is None
