@@ -14,6 +14,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,7 +29,15 @@ from skulk_engine_vllm.managed import (
     reap_orphans,
 )
 from skulk_engine_vllm.proxy import LlamaServerCounter, OpenAIServerSession
-from skulk_kernel.api import ChatMessage, ErrorChunk, SamplingParams, TextGenerationParams, TokenChunk, is_terminal
+from skulk_kernel.api import (
+    ChatMessage,
+    CompletionParams,
+    ErrorChunk,
+    SamplingParams,
+    TextGenerationParams,
+    TokenChunk,
+    is_terminal,
+)
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.timeout(180)
@@ -277,3 +286,38 @@ def test_a_server_dies_with_its_owner(smollm2_gguf: Path, tmp_path: Path) -> Non
         owner.kill()
         if server_pid is not None and not gone(server_pid):
             os.killpg(server_pid, signal.SIGKILL)
+
+
+def completion(prompt: str | tuple[int, ...], max_tokens: int = 8, **extra: Any) -> TextGenerationParams:
+    text = prompt if isinstance(prompt, str) else None
+    ids = () if isinstance(prompt, str) else prompt
+    return TextGenerationParams(
+        model_id="m",
+        messages=(ChatMessage(role="user", content=text or ""),),
+        raw_prompt=text,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        logprobs=True,
+        top_logprobs=2,
+        completion=CompletionParams(prompt_ids=ids, **extra),
+    )
+
+
+def test_text_completions_from_text_or_ids_and_fim_or_echo_refused(
+    llama: tuple[ManagedServer, OpenAIServerSession],
+) -> None:
+    """The prompt as is (no template), as text or token ids, through the server's /v1/completions;
+    the same greedy text either way, with logprobs; what needs llama.cpp's native endpoints is a 400."""
+    _, session = llama
+    assert session.serves_completions
+    as_text = list(session.generate("t1", completion("The capital of France is"), lambda: False))
+    ids = tuple(session.http.post("/tokenize", json={"content": "The capital of France is"}).json()["tokens"])
+    as_ids = list(session.generate("t2", completion(ids), lambda: False))
+    texts = ["".join(c.text for c in chunks if isinstance(c, TokenChunk)) for chunks in (as_text, as_ids)]
+    assert texts[0].strip() and texts[0] == texts[1], texts
+    assert as_text[-1].finish_reason == "length" and as_text[-1].usage.completion_tokens == 8
+    assert any(c.logprobs and c.logprobs[0].top_logprobs for c in as_text if isinstance(c, TokenChunk))
+    assert session.count_tokens(completion(ids)) == len(ids)
+    for extra in ({"suffix": " is Paris."}, {"echo": True}, {"echo": True, "generate": False}):
+        (refused,) = session.generate("t3", completion("fn main() {", **extra), lambda: False)
+        assert isinstance(refused, ErrorChunk) and refused.error_type == "invalid_request_error", refused
+        assert "llamacpp" in refused.message, refused.message

@@ -89,6 +89,11 @@ def test_vllm_node_serves_fails_over_and_cleans_up(models_dir: Path, node_factor
         answers = four_apis(node)
         assert all("paris" in a.lower() for a in answers), answers
         assert len(set(a.strip() for a in answers)) == 1, answers  # greedy: the same words everywhere
+        text = {"model": SMOLLM2_ID, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+        done = node.post("/v1/completions", json=text)
+        assert done.status_code == 200 and done.json()["choices"][0]["text"].strip(), done.text
+        fim = node.post("/v1/completions", json={**text, "suffix": " and Berlin."})
+        assert fim.status_code == 400 and "llamacpp" in fim.json()["error"]["message"], fim.text
 
         (record,) = vllm_records(node)
         os.kill(record.pid, signal.SIGKILL)

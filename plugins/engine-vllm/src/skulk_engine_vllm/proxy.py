@@ -93,6 +93,8 @@ class VllmCounter:
     """vLLM's ``POST /tokenize`` renders the chat template itself and answers ``count``."""
 
     def count(self, http: httpx.Client, model: str, params: TextGenerationParams) -> int:
+        if params.completion is not None and params.completion.prompt_ids:
+            return len(params.completion.prompt_ids)
         body: dict[str, Any] = {"model": model}
         if params.raw_prompt is not None:
             body["prompt"] = params.raw_prompt
@@ -110,6 +112,8 @@ class LlamaServerCounter:
     """llama.cpp's server: ``/apply-template`` renders, ``/tokenize`` counts."""
 
     def count(self, http: httpx.Client, model: str, params: TextGenerationParams) -> int:
+        if params.completion is not None and params.completion.prompt_ids:
+            return len(params.completion.prompt_ids)
         prompt = params.raw_prompt
         if prompt is None:
             r = http.post("/apply-template", json={"messages": to_messages(params)})
@@ -162,7 +166,22 @@ class CancelWatcher:
 
 
 def _logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...]:
-    content = (choice.get("logprobs") or {}).get("content") or ()
+    found = choice.get("logprobs") or {}
+    if "tokens" in found:  # /v1/completions' legacy shape: parallel lists, top alternatives as {token: logprob}
+        tops = found.get("top_logprobs") or []
+        return tuple(
+            TokenLogprob(
+                token=token,
+                logprob=float(lp if lp is not None else 0.0),
+                bytes=tuple(token.encode()),
+                top_logprobs=tuple(
+                    TopLogprob(token=t, logprob=float(v), bytes=tuple(t.encode()))
+                    for t, v in ((tops[i] if i < len(tops) else None) or {}).items()
+                ),
+            )
+            for i, (token, lp) in enumerate(zip(found["tokens"], found.get("token_logprobs") or [], strict=False))
+        )
+    content = found.get("content") or ()
     return tuple(
         TokenLogprob(
             token=e.get("token", ""),
@@ -202,6 +221,10 @@ class OpenAIServerSession:
     """
 
     ignores_eos = True  # vLLM's OpenAI server takes `ignore_eos` (to_sampling passes it)
+    # text completions: the prompt (text or token ids) through the server's `/v1/completions`; what
+    # only llama.cpp's native endpoints give (fill-in-the-middle, the echoed prompt) is refused: see
+    # `unserved_completion`
+    serves_completions = True
 
     def __init__(
         self,
@@ -268,8 +291,11 @@ class OpenAIServerSession:
             **to_sampling(params),
             **self.extra_body,
         }
-        if params.raw_prompt is not None:
+        if params.completion is not None and params.completion.prompt_ids:
+            body["prompt"] = list(params.completion.prompt_ids)
+        elif params.raw_prompt is not None:
             body["prompt"] = params.raw_prompt
+        if "prompt" in body:
             if params.logprobs:
                 body["logprobs"] = max(1, params.top_logprobs)
             return "/v1/completions", body
@@ -282,6 +308,27 @@ class OpenAIServerSession:
             body["logprobs"] = True
             body["top_logprobs"] = params.top_logprobs
         return "/v1/chat/completions", body
+
+    def unserved_completion(self, params: TextGenerationParams) -> str | None:
+        """Why this text completion cannot be served here (a 400 that says where it can), or None.
+
+        The OpenAI-style server streams only generated text: no FIM template of ours, no prompt
+        token ids to echo (a resume or `echo` needs them), so these go to llama.cpp's engine.
+        """
+        c = params.completion
+        if c is None:
+            return None
+        asked = [
+            name
+            for name, on in (("suffix", c.suffix is not None), ("echo", c.echo), ("max_tokens 0", not c.generate))
+            if on
+        ]
+        if not asked:
+            return None
+        return (
+            f"{' and '.join(asked)}: text completions on engine {self.engine_label} serve the prompt and its "
+            "continuation only; place the model on engine llamacpp for fill-in-the-middle and echo"
+        )
 
     def _error(self, command_id: str, seq: int, message: str, overflow: bool = False) -> ErrorChunk:
         if overflow:
@@ -299,6 +346,15 @@ class OpenAIServerSession:
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         if (gone := self.alive()) is not None:
             yield ErrorChunk(command_id=command_id, seq=0, message=gone, code="engine_died")
+            return
+        if (refused := self.unserved_completion(params)) is not None:
+            yield ErrorChunk(
+                command_id=command_id,
+                seq=0,
+                message=refused,
+                error_type="invalid_request_error",
+                code="invalid_request",
+            )
             return
         path, body = self._body(params)
         started = time.perf_counter()
