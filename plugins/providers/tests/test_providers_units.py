@@ -263,3 +263,37 @@ def test_the_stream_socket_is_gated_like_the_http_routes() -> None:
     assert "required" in (ws_refusal(node, ws("192.0.2.7", "sk-wrong")) or "")
     config = ApiControlConfig(open=True)
     assert ws_refusal(node, ws("192.0.2.7")) is None
+
+
+async def test_only_ready_capabilities_are_advertised() -> None:
+    from types import SimpleNamespace
+
+    from skulk_kernel.api import ReadingStore
+    from skulk_providers.extensions import Loaded
+    from skulk_providers.service import ProviderService
+
+    class Warming(Unary):
+        descriptor = _descriptor(IoMode.UNARY, "t.warming")
+        is_ready = False
+
+        def ready(self) -> bool:
+            return self.is_ready
+
+    class Broken(Unary):
+        descriptor = _descriptor(IoMode.UNARY, "t.broken")
+
+        def ready(self) -> bool:
+            raise RuntimeError("its check raised")
+
+    warming = Warming()
+    caps: dict[str, Capability] = {c.descriptor.ref: c for c in (Unary(), warming, Broken())}
+    node: Any = SimpleNamespace(node_id="n", facts={}, readings=ReadingStore(), reachable_nodes=lambda: {"n"},
+                                spawn=lambda coro, name: asyncio.ensure_future(coro))  # fmt: skip
+    service = ProviderService(node, ProvidersConfig(), Loaded(records=[], capabilities=caps))
+    service.refresh()
+    assert node.facts["capabilities"] == ["t.unary@1.0.0"] and service.advertised() == {"n": ("t.unary@1.0.0",)}
+    warming.is_ready = True
+    service.refresh()
+    assert node.facts["capabilities"] == ["t.unary@1.0.0", "t.warming@1.0.0"]
+    found, _ = await service.discover("n")
+    assert {c["id"]: c["ready"] for c in found} == {"t.unary": True, "t.warming": True, "t.broken": False}

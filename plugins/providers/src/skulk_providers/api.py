@@ -110,6 +110,11 @@ class Capability:
     def stream(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} implements no stream")
 
+    def ready(self) -> bool:
+        """Whether it can serve calls now. Asked every second, cheaply; the node advertises the
+        capability (its telemetry tag) only while True. Raising counts as not ready."""
+        return True
+
 
 @runtime_checkable
 class Extension(Protocol):

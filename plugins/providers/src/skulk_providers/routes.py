@@ -76,7 +76,8 @@ def check_target(service: ProviderService, req: CallRequest) -> None:
         raise CallError(
             "unknown_capability",
             f"node {req.node_id} advertises no {req.capability} "
-            f"(it advertises: {', '.join(offered) or 'none'}; GET /v1/capabilities)",
+            f"(it advertises: {', '.join(offered) or 'none'}; a capability is advertised while it is ready; "
+            "GET /v1/capabilities)",
         )
 
 

@@ -27,6 +27,7 @@ from .server import CallServer
 log = logging.getLogger("skulk.providers.service")
 FRESH_S = 6.0  # a NodeResources reading older than this: the node's capabilities are not trusted
 DESCRIBE = b'{"describe": true}'
+ADVERTISE_S = 1.0  # how often readiness is asked (the telemetry loop sends the tag when it changed)
 
 
 class ProviderService:
@@ -39,6 +40,7 @@ class ProviderService:
         self.capabilities = loaded.capabilities
         self.server = CallServer(loaded.capabilities, config, self._send, node.spawn, node.reachable_nodes)
         self.caller = Caller(node.node_id, self._send, config.max_payload_bytes)
+        self.ready: list[str] = []
 
     @property
     def _transport(self) -> Any:
@@ -51,9 +53,28 @@ class ProviderService:
         self.node.subscribe(Topic.PROVIDER, self._on_frame)
         self._transport.serve(Topic.PROVIDER, self._describe)
         self.node.spawn(self.server.sweep(lambda: self.node.stopping), "providers-sweep")
-        self.node.facts["capabilities"] = sorted(self.capabilities)  # the telemetry tag, while ready
+        self.refresh()
+        self.node.spawn(self._advertise(), "providers-advertise")
+
+    def refresh(self) -> None:
+        """The telemetry tag: the capabilities ready now (NodeResources.capabilities, from facts)."""
+        ready = []
+        for ref, cap in self.capabilities.items():
+            try:
+                if cap.ready():
+                    ready.append(ref)
+            except Exception as exc:  # an extension's check raised: not ready, the node goes on
+                log.debug("capability %s: ready() raised %r", ref, exc)
+        self.ready = sorted(ready)
+        self.node.facts["capabilities"] = self.ready
+
+    async def _advertise(self) -> None:
+        while not self.node.stopping:
+            await asyncio.sleep(ADVERTISE_S)
+            self.refresh()
 
     async def stop(self) -> None:
+        self.ready = []
         self.node.facts["capabilities"] = []
         await self.server.close()
 
@@ -74,6 +95,7 @@ class ProviderService:
     def describe_local(self) -> dict[str, Any]:
         return {
             "node_id": self.node.node_id,
+            "ready": list(self.ready),
             "capabilities": [
                 c.descriptor.model_dump(mode="json", exclude={"ref", "revision"}) for c in self.capabilities.values()
             ],  # computed again (and so checked) by the asker
@@ -89,20 +111,24 @@ class ProviderService:
             caps = tuple(getattr(got.reading, "capabilities", ()))
             if caps and node_id in alive and got.age_s < FRESH_S:
                 out[node_id] = caps
-        if self.capabilities:
-            out[self.node.node_id] = tuple(sorted(self.capabilities))
+        if self.ready:
+            out[self.node.node_id] = tuple(self.ready)
         return out
 
     async def describe(self, node_id: str) -> list[Descriptor]:
         """The descriptors node `node_id` serves, asked of it now (typed errors when it cannot answer)."""
+        return (await self.describe_ready(node_id))[0]
+
+    async def describe_ready(self, node_id: str) -> tuple[list[Descriptor], set[str]]:
+        """The descriptors node `node_id` serves and which of them are ready, asked of it now."""
         if node_id == self.node.node_id:
-            return [c.descriptor for c in self.capabilities.values()]
+            return [c.descriptor for c in self.capabilities.values()], set(self.ready)
         if node_id not in self.node.reachable_nodes():
             raise CallError("unknown_node", f"node {node_id} is not a reachable member (GET /state lists the nodes)")
         try:
             raw = await self._transport.request(node_id, Topic.PROVIDER, DESCRIBE, self.config.discovery_timeout_s)
             body = json.loads(raw)
-            return [Descriptor.model_validate(d) for d in body["capabilities"]]
+            return [Descriptor.model_validate(d) for d in body["capabilities"]], set(body.get("ready", ()))
         except TimeoutError as exc:
             raise CallError("node_unreachable", f"node {node_id} did not describe its capabilities: {exc}") from exc
         except Exception as exc:
@@ -111,7 +137,7 @@ class ProviderService:
     async def discover(self, node_id: str | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """Descriptors per node (one node, or every node that advertises some), and nodes that failed."""
         targets = [node_id] if node_id else sorted(self.advertised())
-        results = await asyncio.gather(*(self.describe(n) for n in targets), return_exceptions=True)
+        results = await asyncio.gather(*(self.describe_ready(n) for n in targets), return_exceptions=True)
         found: list[dict[str, Any]] = []
         failed: dict[str, str] = {}
         for target, result in zip(targets, results, strict=True):
@@ -122,5 +148,8 @@ class ProviderService:
             elif isinstance(result, BaseException):
                 failed[target] = repr(result)
             else:
-                found += [{"node_id": target, **d.model_dump(mode="json")} for d in result]
+                descriptors, ready = result
+                found += [
+                    {"node_id": target, "ready": d.ref in ready, **d.model_dump(mode="json")} for d in descriptors
+                ]
         return found, failed

@@ -63,6 +63,11 @@ def _voice(node: NodeSurface, model: str) -> str | None:
     return audio.get("default_voice") or (voices[0] if voices else None)
 
 
+def _servable(node: NodeSurface, task: str) -> bool:
+    """Ready: a model of the kind is placed somewhere, or the speech plugin places one on request."""
+    return bool(getattr(_config(node), "place_on_request", False)) or _placed_model(node, task) is not None
+
+
 def _config(node: NodeSurface) -> Any:
     from skulk_speech.config import SpeechConfig
 
@@ -113,6 +118,9 @@ class Tts(Capability):
     def __init__(self, node: NodeSurface) -> None:
         self.node = node
 
+    def ready(self) -> bool:
+        return _servable(self.node, "SpeechSynthesis")
+
     async def stream(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         from skulk_kernel.api import AudioChunk, SpeechParams
         from skulk_speech import calls
@@ -144,6 +152,9 @@ class Stt(Capability):
 
     def __init__(self, node: NodeSurface) -> None:
         self.node = node
+
+    def ready(self) -> bool:
+        return _servable(self.node, "Transcription")
 
     async def stream(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         from skulk_kernel.api import SpeechParams, TranscriptChunk
@@ -221,6 +232,9 @@ class SttRealtime(Capability):
 
     def __init__(self, node: NodeSurface) -> None:
         self.node = node
+
+    def ready(self) -> bool:
+        return _servable(self.node, "Transcription")
 
     async def stream(self, inputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         from skulk_speech.vad import TurnDetector
