@@ -1,0 +1,130 @@
+"""A long prompt is evaluated in steps a cancel stops between, and rendered and tokenized once (prefill.py).
+
+llama.cpp's server evaluates a prompt to its end once it started, whatever happens to the client; these
+tests hold the session to what the steps promise on the real server (SmolLM2, 8,192 tokens of context):
+a cancel mid-prompt frees llama.cpp's slot and the gate's reservation within about a second, the request
+that follows the steps finds them cached, and the runner's count, the gate's count and the steps render
+the prompt once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import pytest
+from skulk_engine_llamacpp.admission import TokenGate
+from skulk_engine_llamacpp.engine import LlamaSession
+from skulk_engine_llamacpp.prefill import TAIL, PromptMemo, prefill_steps
+from skulk_kernel.api import ChatMessage, PrefillProgressChunk, SamplingParams, TextGenerationParams, TokenChunk
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _long(n_words: int, tag: str) -> TextGenerationParams:
+    words = " ".join(f"{tag}{i}" for i in range(n_words))
+    return TextGenerationParams(
+        model_id="m",
+        messages=(ChatMessage(role="user", content=f"Summarize this list: {words}"),),
+        sampling=SamplingParams(max_tokens=8, temperature=0),
+    )
+
+
+def _session(server: Any) -> LlamaSession:
+    return LlamaSession(server, None, "llama_server-cpu", TokenGate(server.context_length, max_running=4))  # type: ignore[arg-type]
+
+
+def _idle(server: Any) -> bool:
+    return not any(s["is_processing"] for s in server.slots())
+
+
+def test_a_cancel_mid_prompt_frees_the_slot_and_the_reservation_within_a_second(chat_server: Any) -> None:
+    session = _session(chat_server)
+    cancel = threading.Event()
+    in_prefill = threading.Event()
+    chunks: list[Any] = []
+
+    stamps: list[float] = []
+
+    def run() -> None:
+        for chunk in session.generate("c1", _long(800, "a"), cancel.is_set):
+            chunks.append(chunk)
+            if isinstance(chunk, PrefillProgressChunk) and chunk.processed > 0:
+                stamps.append(time.monotonic())
+                if len(stamps) >= 3:  # two steps timed: the one in flight is sized to about 0.5 s
+                    in_prefill.set()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    assert in_prefill.wait(180), "no prefill steps were reported"
+    cancel.set()
+    started = time.monotonic()
+    worker.join(30)
+    ended = time.monotonic() - started
+    while not _idle(chat_server):
+        assert time.monotonic() - started < 10, "llama.cpp's slot still busy 10 s after the cancel"
+        time.sleep(0.02)
+    freed = time.monotonic() - started
+    assert isinstance(chunks[-1], TokenChunk) and chunks[-1].finish_reason == "cancelled", chunks[-1]
+    assert session.gate is not None and session.gate.reserved == 0 and session.gate.running == 0
+    # within the step in flight: about 0.5 s on a quiet box (the issue's bound is a second); a loaded
+    # shared box stretches a step, so the bound is the longest step seen, plus slack
+    step = max(b - a for a, b in itertools.pairwise(stamps))
+    assert ended < max(1.0, 2 * step) and freed < max(1.0, 2 * step) + 0.2, (ended, freed, step)
+
+
+def test_the_request_after_the_steps_finds_them_cached(chat_server: Any) -> None:
+    session = _session(chat_server)
+    params = _long(500, "b")
+    prompt = session.count_tokens(params)
+    chunks = list(session.generate("c2", params, lambda: False))
+    steps = [c for c in chunks if isinstance(c, PrefillProgressChunk) and c.processed > 0]
+    final = chunks[-1]
+    assert steps and steps[-1].processed >= prompt - 4096, steps
+    assert isinstance(final, TokenChunk) and final.usage is not None and final.usage.prompt_tokens == prompt
+    assert final.stats is not None and final.stats.prompt_tokens == prompt
+    # the generating request evaluated only what the steps left (its tail), not the whole prompt
+    evaluated = prompt - steps[-1].processed
+    assert evaluated <= max(TAIL, 4096), evaluated
+
+
+def test_one_render_and_tokenization_per_prompt(chat_server: Any) -> None:
+    session = _session(chat_server)
+    params = _long(50, "c")
+    before = chat_server.memo.computed
+    first = session.count_tokens(params)  # the runner's context check
+    assert session.count_tokens(params) == first  # the gate's reservation
+    assert chat_server.memo.computed == before + 1
+
+
+def test_short_prompts_go_in_one_request() -> None:
+    class Never:
+        def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            raise AssertionError("a short prompt was stepped")
+
+    assert list(prefill_steps(Never(), list(range(200)))) == []
+
+
+def test_steps_grow_to_the_measured_speed_and_leave_the_tail() -> None:
+    sent: list[int] = []
+
+    class Fast:
+        def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            sent.append(len(body["prompt"]))
+            assert path == "/completion" and body["n_predict"] == 0 and body["cache_prompt"] is True
+            return {"timings": {"prompt_n": len(body["prompt"]) - (sent[-2] if len(sent) > 1 else 0)}}
+
+    done = list(prefill_steps(Fast(), list(range(20000))))
+    assert done == sent and sent == sorted(sent) and sent[0] == 64
+    assert sent[-1] <= 20000 - TAIL and max(b - a for a, b in itertools.pairwise(sent)) <= 4096
+
+
+def test_the_memo_keeps_the_newest() -> None:
+    memo = PromptMemo(size=2)
+    for key in ("a", "b", "a", "c"):
+        memo.ids(key, lambda k=key: [ord(k)])
+    assert memo.computed == 3  # "a" a second time was a hit
+    memo.ids("b", lambda: [0])
+    assert memo.computed == 4  # "b" was evicted by "c" (least recently used)
