@@ -8,15 +8,22 @@ import { useEffect } from "react";
 import { Icon } from "./components/ui";
 import { Chat } from "./pages/Chat";
 import { Instances } from "./pages/Instances";
+import { Integrations } from "./pages/Integrations";
+import { Keys } from "./pages/Keys";
 import { Models } from "./pages/Models";
 import { NodePanel } from "./pages/NodePanel";
+import { Observe } from "./pages/Observe";
+import { Settings } from "./pages/Settings";
 import { SignIn } from "./pages/SignIn";
 import { Topology } from "./pages/Topology";
 import { connect, useConnection, useMessage } from "./store/cluster";
 import { signOut, startSession, useSession } from "./store/session";
 import { PAGES, navigate, pageFromPath, setTheme, ui, useNodePanel, usePage, useTheme, useToasts, type Page } from "./store/ui";
 
-const TITLES: Record<Page, string> = { topology: "Topology", models: "Models", chat: "Chat", instances: "Instances" };
+const TITLES: Record<Page, string> = {
+  topology: "Topology", models: "Models", chat: "Chat", instances: "Instances",
+  observe: "Observe", integrations: "Integrations", keys: "Keys", settings: "Settings",
+};
 
 export function App() {
   const session = useSession();
@@ -88,6 +95,10 @@ function Dashboard() {
           : page === "topology" ? <Topology msg={msg} />
           : page === "models" ? <Models msg={msg} />
           : page === "chat" ? <Chat msg={msg} />
+          : page === "observe" ? <Observe msg={msg} />
+          : page === "integrations" ? <Integrations msg={msg} />
+          : page === "keys" ? <Keys />
+          : page === "settings" ? <Settings />
           : <Instances msg={msg} />}
       </main>
       {msg && panel && <NodePanel msg={msg} nodeId={panel} />}

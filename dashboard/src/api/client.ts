@@ -6,7 +6,7 @@
  */
 
 import { authHeaders, signedOut } from "../store/session";
-import type { ApiErrorBody, CatalogModel, PlacementPreview } from "./types";
+import type { ApiErrorBody, ApiKey, CatalogModel, PlacementPreview, TimelineEntry, Trace } from "./types";
 
 export class ApiError extends Error {
   constructor(message: string, readonly status: number, readonly code?: string | null) {
@@ -55,6 +55,17 @@ export const api = {
     }),
   deleteCustomModel: (id: string) =>
     request<{ message: string }>(`/models/custom/${id.split("/").map(encodeURIComponent).join("/")}`, { method: "DELETE" }),
+  keys: () => request<{ keys: ApiKey[] }>("/v1/keys").then((r) => r.keys),
+  createKey: (body: { name: string; scope: string; tokens_per_min?: number }) =>
+    request<ApiKey & { key: string; note: string }>("/v1/keys", { method: "POST", body: JSON.stringify(body) }),
+  revokeKey: (id: string) =>
+    request<{ revoked: string; name: string }>(`/v1/keys/${encodeURIComponent(id)}`, { method: "DELETE" }),
+  setTracing: (enabled: boolean) =>
+    request<{ enabled: boolean }>("/v1/tracing", { method: "PUT", body: JSON.stringify({ enabled }) }),
+  traces: () => request<{ nodeId: string; tracingEnabled: boolean; traceIds: string[] }>("/v1/traces?limit=50"),
+  trace: (id: string) => request<Trace>(`/v1/traces/${encodeURIComponent(id)}`),
+  timeline: (limit = 60) => request<{ entries: TimelineEntry[]; unanswered: Record<string, string> }>(`/v1/diagnostics/cluster/timeline?limit=${limit}`),
+  nodeDiagnostics: (nodeId: string) => request<Record<string, unknown>>(`/v1/diagnostics/cluster/${encodeURIComponent(nodeId)}`),
   cancel: (commandId: string) =>
     request<{ message: string }>(`/v1/cancel/${encodeURIComponent(commandId)}`, { method: "POST" }),
 };

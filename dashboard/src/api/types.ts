@@ -148,3 +148,46 @@ export interface NodeAdmission {
 export interface ApiErrorBody {
   error?: { message?: string; code?: string | null } | string;
 }
+
+/** One entry of `GET /v1/keys` (never the key itself: only `POST /v1/keys` shows it, once). */
+export interface ApiKey {
+  id: string;
+  name: string;
+  scope: "operator" | "inference";
+  tokens_per_min: number | null;
+  created_at: number;
+  tokens_last_minute: number;
+}
+
+/** One span of `GET /v1/traces/{id}` (times in ns, each node's clock shifted onto the asker's). */
+export interface Span {
+  trace_id: string;
+  span_id: string;
+  parent_id: string | null;
+  name: string;
+  node_id: string;
+  start_ns: number;
+  end_ns: number;
+  attributes: Record<string, string | number | boolean>;
+}
+
+export interface Trace {
+  traceId: string;
+  spans: Span[];
+  nodes: string[];
+  nodeNames: Record<string, string>;
+  unanswered: Record<string, string>;
+}
+
+/** One entry of `GET /v1/diagnostics/cluster/timeline`: an event, a runner phase or a note. */
+export interface TimelineEntry {
+  at: number;
+  kind: string;
+  type?: string;
+  idx?: number;
+  nodeId?: string;
+  nodeName?: string | null;
+  seenBy?: string[];
+  detail?: unknown;
+  [key: string]: unknown;
+}

@@ -2,9 +2,9 @@
 
 import { createStore, useStore } from "./store";
 
-export type Page = "topology" | "models" | "chat" | "instances";
+export type Page = "topology" | "models" | "chat" | "instances" | "observe" | "integrations" | "keys" | "settings";
 export type Theme = "light" | "dark";
-export const PAGES: Page[] = ["topology", "models", "chat", "instances"];
+export const PAGES: Page[] = ["topology", "models", "chat", "instances", "observe", "integrations", "keys", "settings"];
 
 export interface Toast {
   id: number;

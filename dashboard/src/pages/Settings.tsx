@@ -1,0 +1,146 @@
+/**
+ * The cluster configuration (`GET/PUT /config`) as a form. Settings here are cluster-wide: a PUT on
+ * any node becomes replicated State, in force on every node once applied. What is per node lives in
+ * each node's profile (`[plugins.*]` in its TOML) and is said so here, not offered. Validation is
+ * the node's own: a 400 names the setting and what to fix, and the page shows it beside the field.
+ */
+
+import { useCallback, useEffect, useState, type FormEvent } from "react";
+import { ApiError, request } from "../api/client";
+import { Empty } from "../components/ui";
+import { useCanOperate } from "../store/session";
+import { toast } from "../store/ui";
+
+interface ConfigView {
+  settings: Record<string, unknown>;
+  updated: Record<string, { setBy?: string; at?: number }>;
+  nodeId: string;
+}
+
+const LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"];
+
+/** The settings a node acts on, with what they do (the rest are stored for plugins that read them). */
+const KNOWN: { name: string; label: string; acts: string }[] = [
+  { name: "log_level", label: "Log level", acts: "every node's root logger, at once" },
+  { name: "trace_ttl_s", label: "Trace retention (seconds)", acts: "how long every node keeps a request's spans" },
+];
+
+export function Settings() {
+  const canOperate = useCanOperate();
+  const [view, setView] = useState<ConfigView | null>(null);
+  const [draft, setDraft] = useState<Record<string, string>>({});
+  const [errors, setErrors] = useState<Record<string, string>>({});
+  const [other, setOther] = useState({ name: "", value: "" });
+  const [busy, setBusy] = useState(false);
+
+  const load = useCallback(async () => {
+    try {
+      const v = await request<ConfigView>("/config");
+      setView(v);
+      setDraft(Object.fromEntries(KNOWN.map((k) => [k.name, v.settings[k.name] == null ? "" : String(v.settings[k.name])])));
+    } catch (exc) {
+      toast(exc instanceof Error ? exc.message : String(exc), "error");
+    }
+  }, []);
+  useEffect(() => { void load(); }, [load]);
+
+  const put = async (body: Record<string, unknown>, field: string) => {
+    setBusy(true);
+    try {
+      const v = await request<ConfigView>("/config", { method: "PUT", body: JSON.stringify(body) });
+      setView(v);
+      setErrors({});
+      toast("Saved: in force on every node once applied");
+    } catch (exc) {
+      const text = exc instanceof ApiError ? exc.message : String(exc);
+      setErrors({ [field]: text });
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const saveKnown = (e: FormEvent) => {
+    e.preventDefault();
+    const body: Record<string, unknown> = {};
+    for (const k of KNOWN) {
+      const raw = (draft[k.name] ?? "").trim();
+      const before = view?.settings[k.name];
+      if (raw === (before == null ? "" : String(before))) continue;
+      body[k.name] = raw === "" ? null : k.name === "trace_ttl_s" && /^-?[0-9.]+$/.test(raw) ? Number(raw) : raw;
+    }
+    const first = Object.keys(body)[0];
+    if (first) void put(body, first);
+  };
+
+  const saveOther = (e: FormEvent) => {
+    e.preventDefault();
+    let value: unknown = other.value;
+    try {
+      value = JSON.parse(other.value);
+    } catch {
+      // not JSON: a plain string
+    }
+    void put({ [other.name.trim()]: value === "" ? null : value }, "other");
+  };
+
+  if (!view) return <><div className="page-head"><h1>Settings</h1></div><div className="card"><Empty title="Loading…" /></div></>;
+  const others = Object.entries(view.settings).filter(([name]) => !KNOWN.some((k) => k.name === name));
+  return (
+    <>
+      <div className="page-head"><h1>Settings</h1><span className="muted">cluster-wide · replicated State</span></div>
+      <div className="stack" style={{ gap: 14 }}>
+        <div className="reason info small" role="note" data-testid="scope-note">
+          Everything on this page is <strong>cluster-wide</strong>: saved on any node, it is in force on every node within
+          a heartbeat. What is <strong>per node</strong> (its engines, threads, models folder, API address, whether loopback
+          needs a key) is in that node's profile file (<code>[plugins.*]</code>) and changes with a restart of that node.
+        </div>
+        <form className="card stack" onSubmit={saveKnown} aria-label="Logging and tracing" data-testid="settings-form">
+          <h2>Logging and tracing</h2>
+          {KNOWN.map((k) => { const updated = view.updated[k.name]; return (
+            <label key={k.name} className="field">
+              <span>{k.label} <span className="muted">· <code>{k.name}</code> · acts on {k.acts}</span></span>
+              {k.name === "log_level" ? (
+                <select className="select" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""}
+                  aria-invalid={Boolean(errors[k.name])} aria-describedby={errors[k.name] ? `${k.name}-error` : undefined}
+                  onChange={(e) => setDraft({ ...draft, [k.name]: e.target.value })}>
+                  <option value="">(default: the profile's)</option>
+                  {LOG_LEVELS.map((l) => <option key={l} value={l}>{l}</option>)}
+                </select>
+              ) : (
+                <input className="input" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""} inputMode="decimal"
+                  aria-invalid={Boolean(errors[k.name])} aria-describedby={errors[k.name] ? `${k.name}-error` : undefined}
+                  placeholder="(default: the profile's)" onChange={(e) => setDraft({ ...draft, [k.name]: e.target.value })} />
+              )}
+              {errors[k.name] && <span id={`${k.name}-error`} className="reason error small" role="alert" data-testid="setting-error">{errors[k.name]}</span>}
+              {updated && <span className="muted small">set by {updated.setBy?.slice(0, 8)} at {new Date((updated.at ?? 0) * 1000).toLocaleString()}</span>}
+            </label>
+          ); })}
+          {canOperate ? <button className="btn primary" type="submit" disabled={busy}>Save</button>
+            : <span className="muted small" data-testid="operator-only">Changing settings needs an operator key.</span>}
+        </form>
+        <section className="card stack" aria-label="Other settings">
+          <h2>Other settings</h2>
+          <span className="muted small">Stored for the plugins that read them. Names ending in <code>_token</code>, <code>_secret</code>,
+            {" "}<code>_password</code> or <code>_api_key</code> are kept only as a digest (never readable back). Placement defaults,
+            the hub endpoint and its token are not acted on from here yet: set them in each node's profile.</span>
+          {others.length === 0 ? <span className="muted small">None.</span> : (
+            <table className="table" data-testid="other-settings">
+              <thead><tr><th scope="col">Name</th><th scope="col">Value</th></tr></thead>
+              <tbody>{others.map(([name, value]) => (
+                <tr key={name}><td className="mono small">{name}</td><td className="mono small">{JSON.stringify(value)}</td></tr>
+              ))}</tbody>
+            </table>
+          )}
+          {canOperate && (
+            <form className="row wrap" onSubmit={saveOther} aria-label="Set another setting">
+              <label className="field">Name<input className="input mono" value={other.name} onChange={(e) => setOther({ ...other, name: e.target.value })} /></label>
+              <label className="field">Value (JSON or text; empty deletes)<input className="input mono" value={other.value} onChange={(e) => setOther({ ...other, value: e.target.value })} /></label>
+              <button className="btn" type="submit" disabled={busy || !other.name.trim()}>Set</button>
+              {errors.other && <span className="reason error small" role="alert">{errors.other}</span>}
+            </form>
+          )}
+        </section>
+      </div>
+    </>
+  );
+}
