@@ -397,8 +397,12 @@ class LocalModelStore:
         target = self.models_dir / folder_name(card.model_id)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.models_dir))
 
+        # a provisioner reports a fraction: scaled to the card's size, so progress and the completed
+        # download read in bytes (a 44 MiB model once showed "1000 B": the fraction's per-mille)
+        scale = card.storage_size if card.storage_size and card.storage_size > 0 else 1000
+
         def report(message: str, fraction: float) -> None:
-            progress(int(fraction * 1000), 1000, message)
+            progress(int(fraction * scale), scale, message)
 
         try:
             if not self._copy_from_members(card, staging, progress) and self.offline:
