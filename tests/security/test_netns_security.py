@@ -30,7 +30,7 @@ PROFILE = """
 [profile]
 name = "secure-test"
 plugins = ["transport-zenoh", "election-bully", "master", "worker", "engine-echo", "store",
-           "api-control", "api-openai", "api-anthropic", "api-ollama"]
+           "api-control", "api-openai", "api-anthropic", "api-ollama", "providers"]
 
 [planes]
 control = "zenoh"
@@ -42,6 +42,26 @@ default_models = ["skulk/echo"]
 multicast_scouting = false
 hello_interval_s = 0.5
 """
+
+
+WS_PROBE = """
+import sys
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+headers = {"Authorization": "Bearer " + sys.argv[2]} if len(sys.argv) > 2 else {}
+try:
+    connect(sys.argv[1], additional_headers=headers, open_timeout=10).close()
+    print(101)
+except InvalidStatus as exc:
+    print(exc.response.status_code)
+"""
+
+
+def ws_handshake(ns: Netns, url: str, key: str | None) -> int:
+    """The status of a WebSocket handshake made from inside the namespace (101: opened)."""
+    argv = ns.command(sys.executable, "-c", WS_PROBE, url, *([key] if key else []))
+    out = subprocess.run(argv, capture_output=True, timeout=30)
+    return int(out.stdout.decode().strip() or 0)
 
 
 class NsNode(NodeProcess):
@@ -207,6 +227,9 @@ def test_keys_scopes_revocation_and_quotas_from_another_host(world: dict[str, An
         assert status == 403 and body["error"]["code"] == "insufficient_scope"
         assert ns.http("POST", url + "/v1/chat/completions", operator, CHAT)[0] == 200
         assert ns.http("GET", url + "/state", operator)[0] == 200
+    # WebSockets pass the same gate: the capability stream needs an operator key (a 403 handshake)
+    socket = urls[0].replace("http://", "ws://") + "/v1/capabilities/stream"
+    assert [ws_handshake(ns, socket, key) for key in (None, inference, operator)] == [403, 403, 101]
     # Ollama's model management changes what the cluster holds: operator keys only (docs/security.md)
     pull = {"model": "no-such-model", "stream": False}
     status, _, body = ns.http("POST", urls[0] + "/api/pull", inference, pull)

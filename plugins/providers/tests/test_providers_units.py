@@ -238,31 +238,49 @@ async def test_payload_caps_both_sides() -> None:
     assert err.value.code == "payload_too_large"
 
 
-def test_the_stream_socket_is_gated_like_the_http_routes() -> None:
+async def test_the_stream_socket_is_gated_like_the_http_routes() -> None:
+    """api-control's gate checks a WebSocket's handshake as it checks a GET: an operator key for the
+    capability stream from another host, none from loopback or on an open node; a refusal closes the
+    socket before the handshake completes (the client sees a 403) and the route never runs."""
     from types import SimpleNamespace
 
-    from skulk_api_control.auth import PLUGIN_DATA, ApiControlConfig, hash_key
+    from skulk_api_control.auth import PLUGIN_DATA, ApiControlConfig, AuthGate, hash_key
     from skulk_kernel.api import State
-    from skulk_providers.routes import ws_refusal
 
     keys = {
         "k1": {"id": "k1", "name": "op", "scope": "operator", "sha256": hash_key("sk-op")},
         "k2": {"id": "k2", "name": "inf", "scope": "inference", "sha256": hash_key("sk-inf")},
     }
-    config = ApiControlConfig()
-    node: Any = SimpleNamespace(state=State(plugin_data={PLUGIN_DATA: keys}), plugin_config=lambda _n: config)
+    node: Any = SimpleNamespace(state=State(plugin_data={PLUGIN_DATA: keys}))
 
-    def ws(host: str, key: str | None = None) -> Any:
+    async def opened(host: str, key: str | None = None, config: ApiControlConfig | None = None) -> str | None:
+        """None when the route ran; else the close reason the gate sent."""
+        ran, sent = [], []
+
+        async def route(scope: Any, receive: Any, send: Any) -> None:
+            ran.append(scope["path"])
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        async def receive() -> Any:
+            return {"type": "websocket.connect"}
+
         headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
-        return SimpleNamespace(client=SimpleNamespace(host=host, port=1), scope={"headers": headers})
+        scope = {"type": "websocket", "path": "/v1/capabilities/stream", "headers": headers, "client": (host, 1)}
+        await AuthGate(route, node, config or ApiControlConfig(), meter=None)(scope, receive, send)
+        if ran:
+            return None
+        (close,) = sent
+        assert close["type"] == "websocket.close" and close["code"] == 1008
+        return str(close["reason"])
 
-    assert ws_refusal(node, ws("127.0.0.1")) is None  # loopback is exempt, as for HTTP
-    assert "required" in (ws_refusal(node, ws("192.0.2.7")) or "")
-    assert "operator" in (ws_refusal(node, ws("192.0.2.7", "sk-inf")) or "")
-    assert ws_refusal(node, ws("192.0.2.7", "sk-op")) is None
-    assert "required" in (ws_refusal(node, ws("192.0.2.7", "sk-wrong")) or "")
-    config = ApiControlConfig(open=True)
-    assert ws_refusal(node, ws("192.0.2.7")) is None
+    assert await opened("127.0.0.1") is None  # loopback is exempt, as for HTTP
+    assert "required" in (await opened("192.0.2.7") or "")
+    assert "operator" in (await opened("192.0.2.7", "sk-inf") or "")
+    assert await opened("192.0.2.7", "sk-op") is None
+    assert "not valid" in (await opened("192.0.2.7", "sk-wrong") or "")
+    assert await opened("192.0.2.7", config=ApiControlConfig(open=True)) is None
 
 
 async def test_only_ready_capabilities_are_advertised() -> None:

@@ -1,4 +1,6 @@
-"""API keys, scopes and quotas for the node's HTTP app: one ASGI middleware in front of every route.
+"""API keys, scopes and quotas for the node's HTTP app: one ASGI middleware in front of every route,
+WebSockets included (a socket's handshake is judged as a GET; refused, it is closed before it
+completes, which the client sees as a 403), so no plugin's socket can forget to check keys.
 
 * Who may call: a request from loopback needs no key (the README's commands keep working); one
   from another host needs a key, unless the operator opened the API on purpose
@@ -159,6 +161,7 @@ _INFERENCE_POST = (
     "/v1/messages",
     "/v1/audio/",
     "/audio/",
+    "/v1/realtime",  # the realtime WebSocket (speech): transcription and the voice loop
 )
 _OLLAMA_INFERENCE = ("/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/api/ps", "/api/version")
 _DASHBOARD_READ = ("/v1/whoami", "/v1/events/stream")  # a signed-in chat user's dashboard (dashboard.py)
@@ -207,9 +210,10 @@ class AuthGate:
         self.denied = 0
 
     async def __call__(self, scope: Scope_, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):  # lifespan
             await self.app(scope, receive, send)
             return
+        socket = scope["type"] == "websocket"  # the same rules: a socket's handshake is a GET
         path, method = scope.get("path", "/"), scope.get("method", "GET")
         needed = route_scope(method, path)
         presented = presented_key(scope.get("headers", []))
@@ -240,7 +244,12 @@ class AuthGate:
                     "key (skulk-kernel keys create --scope operator)",
                     "insufficient_scope",
                 )
-        if refusal is None and record is not None and record.tokens_per_min and needed == "inference":
+        if socket:
+            if refusal is not None:  # closed before the handshake completes: the client sees a 403
+                self.denied += 1
+                await send({"type": "websocket.close", "code": 1008, "reason": refusal[1][:120]})
+                return
+        elif refusal is None and record is not None and record.tokens_per_min and needed == "inference":
             retry = self.meter.retry_after(record)
             if retry is not None:
                 refusal = (

@@ -158,33 +158,10 @@ def add_routes(app: FastAPI, node: NodeSurface) -> None:
 
     @app.websocket("/v1/capabilities/stream")
     async def stream(ws: WebSocket) -> None:
-        refused = ws_refusal(node, ws)
-        if refused is not None:
-            await ws.close(code=1008, reason=refused)  # before the handshake completes: a 403 to the client
-            return
+        """A streaming call; api-control's gate has checked the handshake (an operator key from
+        another host, as for `/v1/capabilities/call`)."""
         await ws.accept()
         await StreamSession(ws, service()).run()
-
-
-def ws_refusal(node: NodeSurface, ws: WebSocket) -> str | None:
-    """The api-control key gate for this socket (its middleware sees HTTP requests, not WebSockets).
-
-    The same rule as for the HTTP routes: from loopback (unless `loopback_needs_key`) or with
-    `open = true`, no key; otherwise an operator key in `Authorization: Bearer`.
-    """
-    from skulk_api_control.auth import ApiControlConfig, KeyRing, is_loopback, presented_key
-
-    config = node.plugin_config("api-control") or ApiControlConfig()
-    client = (ws.client.host, ws.client.port) if ws.client else None
-    if config.open or (is_loopback(client) and not config.loopback_needs_key):
-        return None
-    presented = presented_key(list(ws.scope.get("headers", [])))
-    record = KeyRing(node).find(presented) if presented else None
-    if record is None:
-        return "an operator API key is required from this address (Authorization: Bearer <key>)"
-    if record.scope != "operator":
-        return f"key {record.id!r} has scope {record.scope!r}; capability streams need an operator key"
-    return None
 
 
 async def _disconnected(request: Request) -> None:
