@@ -177,6 +177,12 @@ def test_config_validates_known_settings_and_names() -> None:
     with pytest.raises(cfg.ConfigError, match="larger than"):
         cfg.stored_value("n", "blob", "x" * 9000)
     assert cfg.stored_value("n", "anything", None) is None
+    assert cfg.stored_value("n", "default_context_tokens", 2048)["value"] == 2048
+    with pytest.raises(cfg.ConfigError, match="default_context_tokens must be a whole number"):
+        cfg.stored_value("n", "default_context_tokens", "big")
+    assert cfg.stored_value("n", "default_kv_cache_type", "q8_0")["value"] == "q8_0"
+    with pytest.raises(cfg.ConfigError, match="default_kv_cache_type must be one of"):
+        cfg.stored_value("n", "default_kv_cache_type", "q2")
 
 
 def test_secrets_are_stored_as_digests_and_checkable() -> None:

@@ -37,6 +37,7 @@ from .continuation import stats_for
 from .control_bodies import CreateInstanceBody, PlaceInstanceBody, TracingBody
 from .openapi_body import body_schema
 from .outcomes import outcome_error
+from .placement_defaults import with_defaults
 from .plugin import EVENTS
 from .reference_wire import from_reference, instance_meta_error, to_reference
 from .routing import router_for
@@ -159,14 +160,14 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
         replicas = body.get("replicas", 1)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= MAX_REPLICAS:
             return error(400, f"replicas must be an integer from 1 to {MAX_REPLICAS}", "invalid_replicas", "replicas")
-        try:
-            command = _placement_body(body)
+        card = resolve_card(node, body["model_id"])
+        try:  # the cluster's placement defaults (PUT /config) fill what the body leaves out
+            command = _placement_body(with_defaults(node, body, card))
         except ValidationError as exc:  # (a ValueError too: caught first)
             message, where = _validation_message(exc)
             return error(400, message, "invalid_placement", where)
         except ValueError as exc:
             return error(400, str(exc), "invalid_instance_meta", "instance_meta")
-        card = resolve_card(node, command.model_id)
         if (too_long := _context_error(command, card)) is not None:
             return too_long
         if card is not None:  # the master resolves it too, and refuses what its catalog lacks
@@ -249,13 +250,14 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
 
     @app.get("/instance/previews")
     async def previews(
-        model_id: str, excluded_node_ids: str = "", context_tokens: int | None = None, kv_cache_type: str = "f16"
+        model_id: str, excluded_node_ids: str = "", context_tokens: int | None = None, kv_cache_type: str | None = None
     ) -> Any:
         card = resolve_card(node, model_id)
         if card is None:
             return error(404, f"model {model_id!r} is not in the catalog", "model_not_found", "model_id")
         excluded = tuple(n for n in excluded_node_ids.split(",") if n)
         body = {"model_id": card.model_id, "context_tokens": context_tokens, "kv_cache_type": kv_cache_type}
+        body = with_defaults(node, body, card)
         try:
             checked = _placement_body(body)
         except ValidationError as exc:

@@ -30,6 +30,7 @@ NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 SECRET_SUFFIXES = ("_token", "_secret", "_password", "_api_key")
 MAX_VALUE_BYTES = 8192
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 
 
 class ConfigError(ValueError):
@@ -53,6 +54,14 @@ def _validate_known(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(name, "trace_ttl_s must be a positive number of seconds")
         return float(value)
+    if name == "default_context_tokens":  # placements that name no context (api-control placement_defaults)
+        if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 10_000_000:
+            raise ConfigError(name, "default_context_tokens must be a whole number of tokens from 256 to 10000000")
+        return value
+    if name == "default_kv_cache_type":
+        if value not in KV_CACHE_TYPES:
+            raise ConfigError(name, f"default_kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}")
+        return value
     return value
 
 
