@@ -2,7 +2,7 @@
 // tests/dashboard/test_dashboard_operate.py:
 //
 //   node e2e/operate.mjs --url http://127.0.0.1:PORT --lan-url http://192.0.2.2:PORT --out DIR \
-//        --model MODEL_ID --python PYTHON --nodes 2
+//        --model MODEL_ID --python PYTHON --nodes 2 --right-url http://127.0.0.1:PORT2
 //
 // Browser A (loopback, no key) creates an operator key on the Keys page; browser B, a second
 // browser with its own profile that reaches the node through its LAN address (so the node asks it
@@ -13,15 +13,30 @@
 // in both themes. Prints `RESULT {json}` last.
 import { spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import { openBrowser } from "./browser.mjs";
+
+const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc, []));
 const out = args.out;
 mkdirSync(out, { recursive: true });
 const log = (...m) => console.log(`[${new Date().toISOString().slice(11, 23)}]`, ...m);
-const result = { screenshots: [] };
+const result = { screenshots: [], axe: {} };
+let expected400 = false; // the Settings step provokes one on purpose (the node's validation message)
+
+/** axe-core on the page as it is: the serious and critical violations (acceptance 7). */
+async function axe(page, name) {
+  if (!(await page.evaluate(() => Boolean(window.axe)))) await page.addScriptTag({ path: AXE });
+  const found = await page.evaluate(async () => {
+    const out = await window.axe.run(document, { resultTypes: ["violations"] });
+    return out.violations.filter((v) => v.impact === "serious" || v.impact === "critical")
+      .map((v) => ({ id: v.id, impact: v.impact, help: v.help, targets: v.nodes.slice(0, 3).map((n) => n.target.join(" ")) }));
+  });
+  result.axe[name] = found;
+}
 
 async function setTheme(page, theme) {
   const current = await page.evaluate(() => document.documentElement.dataset.theme);
@@ -33,6 +48,7 @@ async function shoot(page, name) {
   for (const theme of ["light", "dark"]) {
     await setTheme(page, theme);
     await page.waitForTimeout(150);
+    await axe(page, `${name}-${theme}`);
     const path = join(out, `${name}-${theme}.png`);
     await page.screenshot({ path, fullPage: false });
     result.screenshots.push(path);
@@ -148,6 +164,47 @@ async function revoke(a, b) {
   log("browser B sent to sign-in after", result.revokeToSignInS, "s:", result.bError);
 }
 
+/** Settings (acceptance 2): the node's own validation message; a default set on A acts on B. */
+async function settings(a) {
+  await goto(a, "Settings");
+  await a.getByLabel(/^Trace retention/).fill("-5");
+  expected400 = true;
+  await a.getByRole("button", { name: "Save" }).click();
+  await a.getByTestId("setting-error").waitFor();
+  await a.waitForTimeout(100);
+  expected400 = false;
+  result.settingError = await a.getByTestId("setting-error").textContent();
+  await a.getByLabel(/^Trace retention/).fill("");
+  await a.getByLabel(/^Default context/).fill("2048");
+  await a.getByLabel(/^Log level/).selectOption("DEBUG");
+  const right = args["right-url"];
+  const contextOnRight = async () => {
+    const r = await fetch(`${right}/instance/previews?model_id=${encodeURIComponent(args.model)}`);
+    const previews = (await r.json()).previews ?? [];
+    return previews.flatMap((p) => Object.values(p.memory_by_node ?? {}).map((m) => m.context_tokens));
+  };
+  result.contextOnRightBefore = await contextOnRight();
+  const t0 = Date.now();
+  await a.getByRole("button", { name: "Save" }).click();
+  let contexts = [];
+  let config = {};
+  while (Date.now() - t0 < 10_000) {
+    contexts = await contextOnRight();
+    config = (await (await fetch(`${right}/config`)).json()).settings ?? {};
+    if (contexts.length && contexts.every((c) => c === 2048) && config.log_level === "DEBUG") break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  result.settingToRightMs = Date.now() - t0;
+  result.contextOnRightAfter = contexts;
+  result.rightConfig = config;
+  log("settings on A in force on B after", result.settingToRightMs, "ms:", JSON.stringify(contexts), config.log_level);
+  await shoot(a, "settings");
+  await a.getByLabel(/^Default context/).fill("");
+  await a.getByLabel(/^Log level/).selectOption("");
+  await a.getByRole("button", { name: "Save" }).click();
+  await a.waitForFunction(() => !document.querySelector("[data-testid=setting-error]"));
+}
+
 async function everyPage(a) {
   for (const name of ["Topology", "Models", "Chat", "Instances"]) {
     await goto(a, name);
@@ -162,7 +219,8 @@ const a = A.context.pages()[0] ?? (await A.context.newPage());
 const b = B.context.pages()[0] ?? (await B.context.newPage());
 const consoleErrors = [];
 for (const [who, page] of [["A", a], ["B", b]]) {
-  page.on("console", (m) => m.type() === "error" && !/401|Unauthorized/.test(m.text()) && consoleErrors.push(`${who}: ${m.text()}`));
+  page.on("console", (m) => m.type() === "error" && !/401|Unauthorized/.test(m.text())
+    && !(expected400 && /status of 400/.test(m.text())) && consoleErrors.push(`${who}: ${m.text()}`));
   page.on("pageerror", (e) => consoleErrors.push(`${who}: ${e}`));
   page.setDefaultTimeout(20_000);
 }
@@ -175,6 +233,7 @@ try {
   await integrations(b);
   await observe(a);
   await revoke(a, b);
+  await settings(a);
   await everyPage(a);
 } catch (exc) {
   failed = exc;

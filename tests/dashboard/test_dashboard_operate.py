@@ -118,6 +118,7 @@ def test_keys_integrations_and_traces(dashboard: Dashboard, models_dir: Path, tm
             model=CHAT_MODEL,
             python=sys.executable,
             nodes="2",
+            right_url=right.url,
         )
         elapsed = time.monotonic() - started
         keys_after = left.get("/v1/keys").json()["keys"]
@@ -144,7 +145,16 @@ def test_keys_integrations_and_traces(dashboard: Dashboard, models_dir: Path, tm
     assert result["healthRows"] == 2 and result["tracingOffShown"]
     assert result["timelineEntries"] > 0
     assert not result["consoleErrors"], result["consoleErrors"]
-    assert len(result["screenshots"]) == 14 and all(Path(p).stat().st_size > 10_000 for p in result["screenshots"])
+    # acceptance 2 (in part): the node's own validation message on the page; a placement default and
+    # the log level set on the left node's Settings page are in force on the right node within 2 s
+    assert "trace_ttl_s must be a positive number" in result["settingError"], result["settingError"]
+    assert 2048 not in result["contextOnRightBefore"]
+    assert result["contextOnRightAfter"] and set(result["contextOnRightAfter"]) == {2048}, result
+    assert result["rightConfig"]["log_level"] == "DEBUG" and result["settingToRightMs"] < 2000, result
+    # acceptance 7: axe-core finds no serious or critical violation on any page, in either theme
+    serious = {page: found for page, found in result["axe"].items() if found}
+    assert len(result["axe"]) == 16 and not serious, json.dumps(serious, indent=1)
+    assert len(result["screenshots"]) == 16 and all(Path(p).stat().st_size > 10_000 for p in result["screenshots"])
     print(
         f"\ntracing toggle click -> page {result['tracingClickToPageMs']} ms; revoke -> B signed out "
         f"{result['revokeToSignInS']:.1f} s; snippet answered in {run['s']:.1f} s: {run['stdout'].strip()[:80]!r}; "

@@ -83,9 +83,9 @@ export function Chat({ msg }: { msg: StateMessage }) {
         <div className="card convs">
           <button className="btn" onClick={newConversation}><Icon name="plus" />New chat</button>
           {sorted.map((c) => (
-            <div key={c.id} className={`conv ${c.id === activeId ? "active" : ""}`} onClick={() => selectConversation(c.id)} role="button" tabIndex={0}
-              onKeyDown={(e) => e.key === "Enter" && selectConversation(c.id)}>
-              <span title={c.title}>{c.title}</span>
+            <div key={c.id} className={`conv ${c.id === activeId ? "active" : ""}`} onClick={() => selectConversation(c.id)}>
+              <button className="conv-open" title={c.title} aria-current={c.id === activeId ? "true" : undefined}
+                onClick={(e) => { e.stopPropagation(); selectConversation(c.id); }}><span>{c.title}</span></button>
               <button className="btn ghost small" aria-label={`Delete conversation ${c.title}`} onClick={(e) => { e.stopPropagation(); deleteConversation(c.id); }}><Icon name="trash" /></button>
             </div>
           ))}

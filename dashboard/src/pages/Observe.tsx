@@ -111,7 +111,7 @@ function Traces({ msg }: { msg: StateMessage }) {
       {ids.length === 0 ? <span className="muted small">No trace on this node{enabled ? " yet: send a request" : ": turn tracing on and send a request"}.</span> : (
         <div className="chips" data-testid="trace-list">{ids.slice(0, 20).map((id) => (
           <button key={id} className={`btn small ${trace?.traceId === id ? "primary" : ""}`} data-testid="trace-id" data-trace-id={id}
-            aria-label={`Open trace ${id}`} onClick={() => void open(id)}>{id.slice(0, 12)}</button>
+            title={`Open trace ${id}`} onClick={() => void open(id)}>{id.slice(0, 12)}</button>
         ))}</div>
       )}
       {trace && <Waterfall trace={trace} />}

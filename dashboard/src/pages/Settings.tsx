@@ -5,7 +5,7 @@
  * the node's own: a 400 names the setting and what to fix, and the page shows it beside the field.
  */
 
-import { useCallback, useEffect, useState, type FormEvent } from "react";
+import { Fragment, useCallback, useEffect, useState, type FormEvent } from "react";
 import { ApiError, request } from "../api/client";
 import { Empty } from "../components/ui";
 import { useCanOperate } from "../store/session";
@@ -20,9 +20,13 @@ interface ConfigView {
 const LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"];
 
 /** The settings a node acts on, with what they do (the rest are stored for plugins that read them). */
-const KNOWN: { name: string; label: string; acts: string }[] = [
-  { name: "log_level", label: "Log level", acts: "every node's root logger, at once" },
-  { name: "trace_ttl_s", label: "Trace retention (seconds)", acts: "how long every node keeps a request's spans" },
+const KNOWN: { name: string; label: string; acts: string; choices?: string[]; numeric?: boolean; group: string }[] = [
+  { name: "default_context_tokens", label: "Default context (tokens)", numeric: true, group: "Placement defaults",
+    acts: "a placement that names no context, asked of any node (capped to the model's own)" },
+  { name: "default_kv_cache_type", label: "Default KV cache type", choices: ["f16", "q8_0", "q4_0"], group: "Placement defaults",
+    acts: "a placement that names no KV cache type (q8_0/q4_0 need an engine that quantizes its KV cache)" },
+  { name: "log_level", label: "Log level", choices: LOG_LEVELS, group: "Logging and tracing", acts: "every node's root logger, at once" },
+  { name: "trace_ttl_s", label: "Trace retention (seconds)", numeric: true, group: "Logging and tracing", acts: "how long every node keeps a request's spans" },
 ];
 
 export function Settings() {
@@ -66,7 +70,7 @@ export function Settings() {
       const raw = (draft[k.name] ?? "").trim();
       const before = view?.settings[k.name];
       if (raw === (before == null ? "" : String(before))) continue;
-      body[k.name] = raw === "" ? null : k.name === "trace_ttl_s" && /^-?[0-9.]+$/.test(raw) ? Number(raw) : raw;
+      body[k.name] = raw === "" ? null : k.numeric && /^-?[0-9.]+$/.test(raw) ? Number(raw) : raw;
     }
     const first = Object.keys(body)[0];
     if (first) void put(body, first);
@@ -94,17 +98,18 @@ export function Settings() {
           a heartbeat. What is <strong>per node</strong> (its engines, threads, models folder, API address, whether loopback
           needs a key) is in that node's profile file (<code>[plugins.*]</code>) and changes with a restart of that node.
         </div>
-        <form className="card stack" onSubmit={saveKnown} aria-label="Logging and tracing" data-testid="settings-form">
-          <h2>Logging and tracing</h2>
-          {KNOWN.map((k) => { const updated = view.updated[k.name]; return (
-            <label key={k.name} className="field">
+        <form className="card stack" onSubmit={saveKnown} aria-label="Cluster settings" data-testid="settings-form">
+          {KNOWN.map((k, i) => { const updated = view.updated[k.name]; return (
+            <Fragment key={k.name}>
+            {KNOWN[i - 1]?.group !== k.group && <h2>{k.group}</h2>}
+            <label className="field">
               <span>{k.label} <span className="muted">· <code>{k.name}</code> · acts on {k.acts}</span></span>
-              {k.name === "log_level" ? (
+              {k.choices ? (
                 <select className="select" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""}
                   aria-invalid={Boolean(errors[k.name])} aria-describedby={errors[k.name] ? `${k.name}-error` : undefined}
                   onChange={(e) => setDraft({ ...draft, [k.name]: e.target.value })}>
                   <option value="">(default: the profile's)</option>
-                  {LOG_LEVELS.map((l) => <option key={l} value={l}>{l}</option>)}
+                  {k.choices.map((l) => <option key={l} value={l}>{l}</option>)}
                 </select>
               ) : (
                 <input className="input" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""} inputMode="decimal"
@@ -114,6 +119,7 @@ export function Settings() {
               {errors[k.name] && <span id={`${k.name}-error`} className="reason error small" role="alert" data-testid="setting-error">{errors[k.name]}</span>}
               {updated && <span className="muted small">set by {updated.setBy?.slice(0, 8)} at {new Date((updated.at ?? 0) * 1000).toLocaleString()}</span>}
             </label>
+            </Fragment>
           ); })}
           {canOperate ? <button className="btn primary" type="submit" disabled={busy}>Save</button>
             : <span className="muted small" data-testid="operator-only">Changing settings needs an operator key.</span>}
@@ -121,8 +127,8 @@ export function Settings() {
         <section className="card stack" aria-label="Other settings">
           <h2>Other settings</h2>
           <span className="muted small">Stored for the plugins that read them. Names ending in <code>_token</code>, <code>_secret</code>,
-            {" "}<code>_password</code> or <code>_api_key</code> are kept only as a digest (never readable back). Placement defaults,
-            the hub endpoint and its token are not acted on from here yet: set them in each node's profile.</span>
+            {" "}<code>_password</code> or <code>_api_key</code> are kept only as a digest (never readable back).
+            The hub endpoint and its token are not acted on from here yet: set <code>HF_ENDPOINT</code>/<code>HF_TOKEN</code> in each node's environment.</span>
           {others.length === 0 ? <span className="muted small">None.</span> : (
             <table className="table" data-testid="other-settings">
               <thead><tr><th scope="col">Name</th><th scope="col">Value</th></tr></thead>
