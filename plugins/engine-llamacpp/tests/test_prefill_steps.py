@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from skulk_engine_llamacpp.admission import TokenGate
 from skulk_engine_llamacpp.engine import LlamaSession
-from skulk_engine_llamacpp.prefill import TAIL, PromptMemo, prefill_steps
+from skulk_engine_llamacpp.prefill import TAIL, PromptMemo, exact_steps, prefill_steps
 from skulk_kernel.api import ChatMessage, PrefillProgressChunk, SamplingParams, TextGenerationParams, TokenChunk
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,3 +128,29 @@ def test_the_memo_keeps_the_newest() -> None:
     assert memo.computed == 3  # "a" a second time was a hit
     memo.ids("b", lambda: [0])
     assert memo.computed == 4  # "b" was evicted by "c" (least recently used)
+
+
+def test_steps_end_on_the_micro_batch_grid() -> None:
+    """Steps cut the prompt where one whole request's micro-batches would: the same cached bits."""
+    sent: list[int] = []
+
+    class Slow:
+        def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            sent.append(len(body["prompt"]))
+            return {"timings": {"prompt_n": 10}}  # far under a micro-batch per step
+
+    list(prefill_steps(Slow(), list(range(3000)), grid=512, target_s=1e-6))
+    assert sent == [512, 1024, 1536, 2048, 2560] and all(n % 512 == 0 for n in sent)
+
+
+def test_a_resume_feeds_its_streamed_ids_in_exact_batches() -> None:
+    sent: list[int] = []
+
+    class Server:
+        def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            sent.append(len(body["prompt"]))
+            return {}
+
+    ids = list(range(100 + 71))  # a 100-token prompt and 71 streamed ids
+    assert list(exact_steps(Server(), ids, 100, 32)) == sent
+    assert sent == [100, 132, 164, 170]  # the prompt whole, then at most 32 ids a request, the last id left

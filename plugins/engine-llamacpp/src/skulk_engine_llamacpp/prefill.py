@@ -46,16 +46,27 @@ class StepServer(Protocol):
 
 
 def prefill_steps(
-    server: StepServer, ids: Sequence[int], *, target_s: float = STEP_TARGET_S, first_step: int = FIRST_STEP
+    server: StepServer,
+    ids: Sequence[int],
+    *,
+    grid: int = 1,
+    target_s: float = STEP_TARGET_S,
+    first_step: int = FIRST_STEP,
 ) -> Iterator[int]:
     """Evaluate ``ids`` (all but the last ``TAIL``) into llama.cpp's cache in timed steps, yielding the
     tokens cached after each step; the caller checks its cancel between them and stops iterating
-    to abandon the prompt (nothing more is sent). Yields nothing for a prompt that fits one step."""
+    to abandon the prompt (nothing more is sent). Yields nothing for a prompt that fits one step.
+
+    Every step ends on a multiple of ``grid`` (the server's micro-batch), so the prompt is cut into
+    the same micro-batches as when it is sent whole: the cache holds the same bits either way (what a
+    resume or a speculative check relies on, see server_backend._params).
+    """
     if len(ids) <= STEP_MIN:
         return
+    grid = max(1, grid)
     end = len(ids) - TAIL
     done = 0
-    step = max(32, first_step)
+    step = max(grid, first_step - first_step % grid)
     while end - done > step:
         upto = done + step
         started = time.monotonic()
@@ -63,8 +74,25 @@ def prefill_steps(
         took = max(time.monotonic() - started, 1e-3)
         evaluated = int((got.get("timings") or {}).get("prompt_n") or step)
         done = upto
-        step = int(min(STEP_MAX, max(32, max(evaluated, 1) / took * target_s)))
+        wanted = int(min(STEP_MAX, max(32, max(evaluated, 1) / took * target_s)))
+        step = max(grid, wanted - wanted % grid)
         yield done
+
+
+def exact_steps(server: StepServer, ids: Sequence[int], head: int, step: int) -> Iterator[int]:
+    """Cache a resume's prompt as the interrupted run evaluated it: ``ids[:head]`` (the original prompt)
+    in one request, then the streamed ids in batches of at most ``step`` tokens, which round exactly as
+    the one-at-a-time decoding that produced them (server_backend._params); the generating request
+    then evaluates only the last id. Yields the tokens cached after each request."""
+    upto = 0
+    if head > 0:
+        upto = head
+        server._post("/completion", {"prompt": list(ids[:upto]), "n_predict": 0, "cache_prompt": True})
+        yield upto
+    while len(ids) - upto > 1:
+        upto = min(upto + step, len(ids) - 1)
+        server._post("/completion", {"prompt": list(ids[:upto]), "n_predict": 0, "cache_prompt": True})
+        yield upto
 
 
 class PromptMemo:

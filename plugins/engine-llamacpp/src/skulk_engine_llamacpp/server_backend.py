@@ -47,7 +47,7 @@ from .events import (
     ToolCallDelta,
     TopLogprob,
 )
-from .prefill import PromptMemo, prefill_steps
+from .prefill import PromptMemo, exact_steps, prefill_steps
 from .reasoning import OPEN as THINK_OPEN
 from .reasoning import ThinkSplitter
 from .templates import (
@@ -180,9 +180,8 @@ class LlamaServer:
         draft_model_path: a small GGUF with the same vocabulary drafting ``draft_max`` tokens per
         step (speculative decoding; acceptance in the timings; greedy output is plain decoding's
         with batch-exact weights, ``models.BATCH_EXACT_TYPES``, else it may part at a near-tie).
-        n_ubatch: the micro-batch llama.cpp evaluates at once. Default: ``EXACT_UBATCH`` on a CPU-only
-        build, which keeps every evaluation bit-identical to one token at a time (see ``_params``;
-        measured on CPU only), else llama.cpp's own (512: a GPU prefills far wider batches).
+        n_ubatch: the micro-batch llama.cpp evaluates at once. Default: llama.cpp's own (512); a resume
+        stays exact by feeding its streamed ids in batches of ``EXACT_UBATCH`` (see ``_params``).
         n_batch: the tokens one llama_decode call takes (chat only; default llama.cpp's 2048).
         n_gpu_layers: layers a GPU build puts on the GPU (block count + 1 = all, the output layer
         too); None leaves llama.cpp's default untouched (a CPU build: nothing to offload).
@@ -285,15 +284,16 @@ class LlamaServer:
             # Batch-exact evaluation: speculative verification and a resume's prefill are batches
             # standing in for single decoding steps, and a greedy run keeps its text only if they
             # round exactly as those steps did. Measured on this CPU build (SmolLM2 and Qwen2.5 at
-            # Q4_1): with flash attention, micro-batches of up to 63 tokens give logits bit-identical
-            # to one token at a time however the sequence is split; from 64 tokens on, or without
-            # flash attention (35 of 42 rows differ), they do not. Hence flash attention always and
-            # micro-batches of EXACT_UBATCH (prefill at 0.72x of 512-token micro-batches here; see
-            # bench_llama). K-quant weights stay inexact in any batch: see models.BATCH_EXACT_TYPES.
+            # Q4_1): with flash attention, batches of up to 63 tokens give logits bit-identical to one
+            # token at a time however the sequence is split; from 64 tokens on, or without flash
+            # attention (35 of 42 rows differ), they do not. Hence flash attention always. The
+            # micro-batch stays llama.cpp's own (512: prompts at full speed): a speculative check is a
+            # batch of draft_max + 1 tokens anyway, and a resume feeds its streamed ids in batches of
+            # EXACT_UBATCH (prefill.exact_steps) instead of narrowing every prompt's micro-batch to 32
+            # (0.64x prefill). K-quant weights stay inexact in any batch: see models.BATCH_EXACT_TYPES.
             p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            ubatch = self.n_ubatch or (EXACT_UBATCH if _cpu_only(xlc) else None)
-            if ubatch:
-                p.n_ubatch = ubatch
+            if self.n_ubatch:
+                p.n_ubatch = self.n_ubatch
             if self.n_batch:
                 p.n_batch = self.n_batch
             if self._n_ctx_req:
@@ -428,7 +428,9 @@ class LlamaServer:
 
     def prefill(self, ids: Sequence[int]) -> Iterator[int]:
         """Cache a long prompt's ids in timed steps (see :mod:`.prefill`); yields tokens cached so far."""
-        return prefill_steps(self, ids)
+        # steps end where time says (a cancel waits at most about one step); with n_ubatch set they end
+        # on its grid, so a long prompt is cut into the same micro-batches stepped or whole
+        return prefill_steps(self, ids, grid=self.n_ubatch or 1)
 
     # -- embeddings ------------------------------------------------------------------------
 
@@ -517,6 +519,10 @@ class LlamaServer:
         if continue_ids and not tools and constraint.response_format is None:
             continued = self._continuation_prompt(messages, continue_ids, enable_thinking)
         if continued is not None:
+            head = len(continued) - len(continue_ids)
+            for _ in exact_steps(self, continued, head, EXACT_UBATCH):
+                if cancel is not None and cancel():
+                    return iter(())
             body["prompt"] = continued
             _as_completion_logprobs(body)
             return self._stream("/v1/completions", body, None, logprobs, top_logprobs > 0, cancel, None, want_ids)
@@ -730,15 +736,6 @@ def _as_completion_logprobs(body: dict[str, Any]) -> None:
     """/v1/completions takes logprobs as a candidate count, not chat's flag plus top_logprobs."""
     if body.get("logprobs"):
         body["logprobs"] = max(1, int(body.pop("top_logprobs", 1)))
-
-
-def _cpu_only(xlc: Any) -> bool:
-    """Whether this llama.cpp build has no accelerator (the batch-exact settings are measured on CPU)."""
-    cpu = xlc.ggml_backend_dev_type.GGML_BACKEND_DEVICE_TYPE_CPU
-    try:
-        return all(d.get("type") == cpu for d in xlc.get_device_info())
-    except Exception:
-        return True
 
 
 def _warn_if_inexact(model_path: Path) -> None:
