@@ -42,8 +42,8 @@ class LlamaCppConfig(BaseModel):
     n_ubatch: int | None = Field(
         default=None,
         ge=1,
-        description="micro-batch llama.cpp evaluates at once (default: 32 on a CPU-only build, batch-exact; "
-        "llama.cpp's 512 with an accelerator)",
+        description="micro-batch llama.cpp evaluates at once (default: llama.cpp's 512; 32 keeps every batch "
+        "exact, long prompts' resumes included, at 0.40-0.64x prefill)",
     )
     n_batch: int | None = Field(
         default=None,
