@@ -41,3 +41,14 @@ describe("integrations", () => {
     expect(signInLink("http://10.0.0.5:1/", "skulk-ab-c/d")).toBe("http://10.0.0.5:1/ui/#key=skulk-ab-c%2Fd");
   });
 });
+
+describe("downloads the store ran on its own", () => {
+  it("are complete when the last reading has every byte", async () => {
+    const { downloadViews } = await import("../src/logic/derive");
+    const reading = (done: number) => state({
+      downloadProgress: { [A]: { nodeId: A, modelId: "o/m", downloadedBytes: done, totalBytes: 100, phase: "downloading: m.gguf" } },
+    });
+    expect(downloadViews(reading(40))[0]).toMatchObject({ status: "downloading", downloaded: 40, total: 100 });
+    expect(downloadViews(reading(100))[0]).toMatchObject({ status: "completed", total: 100 });
+  });
+});

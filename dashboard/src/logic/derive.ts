@@ -260,8 +260,10 @@ export function downloadViews(state: ClusterState): DownloadView[] {
   }
   for (const [nodeId, progress] of Object.entries(state.downloadProgress)) {
     if (!out.some((d) => d.nodeId === nodeId && d.modelId === progress.modelId)) {
-      out.push({ nodeId, modelId: progress.modelId, status: "downloading", downloaded: progress.downloadedBytes,
-        total: progress.totalBytes, phase: progress.phase });
+      // a download the store ran on its own (added from the hub): its last reading says when it is done
+      const done = progress.totalBytes > 0 && progress.downloadedBytes >= progress.totalBytes;
+      out.push({ nodeId, modelId: progress.modelId, status: done ? "completed" : "downloading", downloaded: progress.downloadedBytes,
+        total: progress.totalBytes, phase: done ? undefined : progress.phase });
     }
   }
   const order = { downloading: 0, pending: 1, failed: 2, completed: 3 };

@@ -1,15 +1,16 @@
-/** The catalog: search, add a local model, watch downloads, preview placements, launch and delete. */
+/** The catalog: search, add a local model or one from the hub, watch downloads, preview placements, launch and delete. */
 
 import { useEffect, useMemo, useState, type FormEvent } from "react";
 import { api } from "../api/client";
 import type { CatalogModel, PlacementPreview, StateMessage } from "../api/types";
-import { Bar, Empty, Icon, PhaseBadge } from "../components/ui";
-import { downloadViews, instanceViews, type InstanceView } from "../logic/derive";
+import { Empty, Icon, PhaseBadge } from "../components/ui";
+import { instanceViews, type InstanceView } from "../logic/derive";
 import { formatBytes, modelName } from "../logic/format";
 import { defaultChoice, placementBody, previewChoices, type PreviewChoice } from "../logic/previews";
 import { refreshCatalog, useCatalog, useCatalogError } from "../store/cluster";
 import { useCanOperate } from "../store/session";
 import { toast } from "../store/ui";
+import { Downloads, HubPanel } from "./Hub";
 
 export function matches(model: CatalogModel, query: string): boolean {
   const q = query.trim().toLowerCase();
@@ -158,27 +159,6 @@ function AddModel() {
   );
 }
 
-function Downloads({ msg }: { msg: StateMessage }) {
-  const downloads = downloadViews(msg.state);
-  const names = msg.state.nodeIdentities;
-  return (
-    <div className="card stack">
-      <h2>Downloads</h2>
-      {downloads.length === 0 ? <span className="muted small">No downloads.</span> : downloads.map((d) => (
-        <div key={`${d.nodeId}|${d.modelId}`} className="stack" style={{ gap: 4 }} data-testid="download" data-status={d.status}>
-          <div className="row between small">
-            <span><strong>{modelName(d.modelId)}</strong> <span className="muted">on {names[d.nodeId]?.friendlyName ?? d.nodeId.slice(0, 8)}</span></span>
-            <span className="muted">{d.status === "completed" ? formatBytes(d.total) : d.total ? `${formatBytes(d.downloaded)} / ${formatBytes(d.total)}` : d.status}</span>
-          </div>
-          <Bar value={d.downloaded} total={d.total} label={`Download of ${d.modelId}`} indeterminate={d.status === "pending" || (d.status === "downloading" && !d.total)}
-            tone={d.status === "completed" ? "ok" : d.status === "failed" ? "error" : "info"} />
-          {d.error && <span className="small" style={{ color: "var(--error)" }}>{d.error}</span>}
-        </div>
-      ))}
-    </div>
-  );
-}
-
 /** Placing, deleting and adding models are operator actions: an inference key sees why not. */
 export function Models({ msg }: { msg: StateMessage }) {
   return useCanOperate() ? <Catalog msg={msg} /> : (
@@ -241,6 +221,7 @@ function Catalog({ msg }: { msg: StateMessage }) {
         <div className="stack" style={{ gap: 14 }}>
           {model && <ModelDetail key={model.id} model={model} msg={msg} instances={instances} />}
           <Downloads msg={msg} />
+          <HubPanel />
           <AddModel />
         </div>
       </div>
