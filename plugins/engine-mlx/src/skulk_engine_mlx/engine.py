@@ -22,6 +22,7 @@ from typing import Any
 
 from skulk_kernel.api import EngineProbe, RunnerSpec, Sharding, TensorShardMetadata
 
+from .batcher import BATCH_WIDTH
 from .compute import ComputeThread
 from .options import resolve_options
 from .ring import form_group, pin_to_core
@@ -74,7 +75,8 @@ def model_folder(spec: RunnerSpec) -> Path:
 class MlxEngine:
     name = "mlx"
     tasks = frozenset({"TextGeneration"})
-    dispatch_width = 1
+    #: a single-rank session batches this many requests; a split or vision session says 1 itself
+    dispatch_width = BATCH_WIDTH
     splits: frozenset[Sharding] = frozenset({"Pipeline", "Tensor"})
 
     def probe(self) -> EngineProbe:

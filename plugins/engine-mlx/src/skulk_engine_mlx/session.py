@@ -3,15 +3,18 @@
 Every rank of an instance runs `generate` with the same params and yields the same chunks (the
 runner forwards rank 0's). They stay in step because every decision is either agreed through
 the per-step collective (the token, cancellation: see `stepper`) or computed identically from
-agreed tokens (EOS, max_tokens, stop strings, tool calls). One request at a time: the per-step
-protocol is per sequence, so `dispatch_width` is 1.
+agreed tokens (EOS, max_tokens, stop strings, tool calls). A split instance serves one request
+at a time: the per-step protocol is per sequence, so its `dispatch_width` is 1. A single-rank
+instance batches continuously (`batcher`): several requests step together, each reading its own
+tokens, and its `dispatch_width` says how many the runner may send at once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,7 @@ from skulk_kernel.api import (
     Chunk,
     ErrorChunk,
     GenerationStats,
+    PromptChunk,
     TextGenerationParams,
     TokenChunk,
     TokenLogprob,
@@ -28,6 +32,8 @@ from skulk_kernel.api import (
     Usage,
 )
 
+from .batcher import BATCH_WIDTH, Batcher
+from .completion import CompletionPrompt, CompletionRefused, Scored, completion_prompt, score_prompt, to_logprobs
 from .compute import ComputeThread
 from .options import MlxConfig
 from .prompt import encode_prompt, render_prompt
@@ -67,6 +73,16 @@ class MlxSession:
             make_cache=self._make_cache,
             quantize_cache=self._quantize_cache,
         )
+        #: one BatchGenerator for every request of a single-rank instance (mlx-lm's batching has no
+        #: quantized KV cache: kv_bits keeps the one-sequence path)
+        self.batcher = (
+            Batcher(loaded.model, compute, config.prefill_step, config.max_kv_size)
+            if loaded.world_size == 1 and config.kv_bits is None
+            else None
+        )
+        #: how many requests the runner sends at once (the runner reads it before the engine's)
+        self.dispatch_width = BATCH_WIDTH if self.batcher is not None else 1
+        self._serial = threading.Lock()  # the one-sequence path: one request at a time
         #: Token ids of the last generation (tests compare ranks and placements by them).
         self.last_tokens: list[int] = []
         self._eos = set(int(t) for t in (loaded.tokenizer.eos_token_ids or ()))
@@ -88,12 +104,20 @@ class MlxSession:
 
     # -- requests ------------------------------------------------------------------------------
 
+    #: text completions (`params.completion`): the prompt as is, FIM, echo (see completion.py)
+    serves_completions = True
+
     def _prompt_ids(self, params: TextGenerationParams) -> tuple[str, list[int]]:
+        if params.completion is not None:
+            return "", completion_prompt(self.tokenizer, params, params.model_id).ids
         prompt = render_prompt(self.tokenizer, params)
         return prompt, encode_prompt(self.tokenizer, prompt)
 
     def count_tokens(self, params: TextGenerationParams) -> int:
-        return len(self._prompt_ids(params)[1])
+        try:
+            return len(self._prompt_ids(params)[1])
+        except CompletionRefused:  # generate() answers it with the 400
+            return len(self.tokenizer.encode(params.raw_prompt or ""))
 
     def _request(self, params: TextGenerationParams) -> Request:
         def build() -> Request:
@@ -124,18 +148,91 @@ class MlxSession:
         if self.broken is not None:
             yield ErrorChunk(command_id=command_id, seq=0, message=self.broken, code="rank_failed")
             return
+        completion: CompletionPrompt | None = None
+        if params.completion is not None:
+            try:
+                completion = completion_prompt(self.tokenizer, params, params.model_id)
+                if params.completion.prompt_logprobs is not None and self.loaded.world_size > 1:
+                    raise CompletionRefused(
+                        f"prompt logprobs (echo with logprobs) are not served by a {self.loaded.world_size}-rank "
+                        "MLX instance; place the model on one node, or use llama.cpp"
+                    )
+            except CompletionRefused as exc:
+                yield ErrorChunk(
+                    command_id=command_id,
+                    seq=0,
+                    message=str(exc),
+                    error_type="invalid_request_error",
+                    code="invalid_request",
+                )
+                return
         try:
-            yield from self._generate(command_id, params, cancelled)
+            if self.batcher is not None:
+                yield from self._generate(command_id, params, cancelled, completion)
+            else:
+                with self._serial:
+                    yield from self._generate(command_id, params, cancelled, completion)
         except Exception as exc:  # a dead or hung peer, or an MLX failure: the rank is unusable
             self.broken = f"mlx rank {self.loaded.rank} of {self.loaded.world_size} failed: {type(exc).__name__}: {exc}"
             log.error("%s", self.broken)
             yield ErrorChunk(command_id=command_id, seq=0, message=self.broken, code="rank_failed")
 
+    def _echo(self, command_id: str, params: TextGenerationParams, completion: CompletionPrompt) -> PromptChunk:
+        """The prompt as read, with each position's logprob when asked (one pass over the prompt)."""
+        ids = completion.ids
+        top = params.completion.prompt_logprobs if params.completion is not None else None
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if top is not None:
+
+            def score() -> Scored:
+                return score_prompt(self.loaded.model, self._make_cache(), ids, top, self.config.prefill_step)
+
+            scored = self.compute.call(score, None, "scoring the prompt")
+            logprobs = to_logprobs(self.tokenizer, ids, scored)[completion.lead :]
+        return PromptChunk(
+            command_id=command_id,
+            seq=0,
+            text=completion.text,
+            token_ids=tuple(ids[completion.lead :]),
+            logprobs=logprobs,
+        )
+
+    def _results(
+        self, ids: list[int], request: Request, limit: int, cancelled: Callable[[], bool]
+    ) -> Generator[StepResult, None, None]:
+        """The request's tokens, one StepResult each: from the batch, or stepped alone (a split instance)."""
+        if self.batcher is not None:
+            lane = self.batcher.join(ids, request, limit, cancelled)
+            try:
+                while True:
+                    yield lane.next()
+            finally:
+                self.batcher.leave(lane)
+        result = self.stepper.start(ids, request, cancelled)
+        while True:
+            yield result
+            result = self.stepper.step([result.token], request, cancelled)
+
     def _generate(
-        self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]
+        self,
+        command_id: str,
+        params: TextGenerationParams,
+        cancelled: Callable[[], bool],
+        completion: CompletionPrompt | None = None,
     ) -> Iterator[Chunk]:
         started = time.perf_counter()
-        prompt, ids = self._prompt_ids(params)
+        seq = 0
+        if completion is not None:
+            prompt, ids = "", completion.ids
+            if params.completion is not None and params.completion.echo:
+                yield self._echo(command_id, params, completion)
+                seq += 1
+            if params.completion is not None and not params.completion.generate:
+                usage = Usage(prompt_tokens=len(ids), completion_tokens=0)
+                yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="length", usage=usage)
+                return
+        else:
+            prompt, ids = self._prompt_ids(params)
         limit = params.sampling.max_tokens or max(1, self.loaded.context_length - len(ids))
         tools = [t.name for t in params.tools] if params.tools and params.tool_choice != "none" else None
         thinking = prompt.rstrip().endswith("<think>")
@@ -143,43 +240,46 @@ class MlxSession:
         detok = self.tokenizer.detokenizer
         detok.reset()
         request = self._request(params)
-        seq = 0
         calls: list[ToolCall] = []
         pending: list[TokenLogprob] = []
         n_out = 0
         first_at: float | None = None
         reason = "length"
         self.last_tokens = generated = []
-        result = self.stepper.start(ids, request, cancelled)
-        prefill_s = time.perf_counter() - started
-        while True:
-            if result.cancelled:
-                reason = "cancelled"
-                break
-            if result.token in self._eos:
-                reason = "stop"
-                break
-            n_out += 1
-            generated.append(result.token)
-            first_at = first_at or time.perf_counter()
-            if params.logprobs:
-                pending.append(self._logprob(result, params.top_logprobs))
-            detok.add_token(result.token)
-            items = router.feed(detok.last_segment)
-            for item in items:
-                if isinstance(item, ToolCall):
-                    calls.append(item)
-                elif item.text:
-                    yield self._text(command_id, seq, item, pending)
-                    pending = []
-                    seq += 1
-            if router.stopped:
-                reason = "stop"
-                break
-            if n_out >= limit:
-                reason = "length"
-                break
-            result = self.stepper.step([result.token], request, cancelled)
+        results = self._results(ids, request, limit, cancelled)
+        try:
+            result = next(results)
+            prefill_s = time.perf_counter() - started
+            while True:
+                if result.cancelled:
+                    reason = "cancelled"
+                    break
+                if result.token in self._eos:
+                    reason = "stop"
+                    break
+                n_out += 1
+                generated.append(result.token)
+                first_at = first_at or time.perf_counter()
+                if params.logprobs:
+                    pending.append(self._logprob(result, params.top_logprobs))
+                detok.add_token(result.token)
+                items = router.feed(detok.last_segment)
+                for item in items:
+                    if isinstance(item, ToolCall):
+                        calls.append(item)
+                    elif item.text:
+                        yield self._text(command_id, seq, item, pending)
+                        pending = []
+                        seq += 1
+                if router.stopped:
+                    reason = "stop"
+                    break
+                if n_out >= limit:
+                    reason = "length"
+                    break
+                result = next(results)
+        finally:
+            results.close()
         if reason != "cancelled":
             detok.finalize()
             tail = router.feed(detok.last_segment) if not router.stopped else []

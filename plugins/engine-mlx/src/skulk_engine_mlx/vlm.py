@@ -52,6 +52,7 @@ class VlmSession:
     """TextGenerationSession and VisionInput over one mlx-vlm model."""
 
     takes_images = True
+    dispatch_width = 1  # one request at a time (the runner reads this before the engine's width)
 
     def __init__(self, spec: RunnerSpec, model: Any, processor: Any, compute: ComputeThread) -> None:
         self.spec = spec

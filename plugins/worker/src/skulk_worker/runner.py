@@ -322,7 +322,9 @@ def runner_main(
         outq.put(("status", RunnerFailed(error_message=f"load failed: {type(exc).__name__}: {exc}")))
         outq.put(("fatal", traceback.format_exc()))
         return
-    serving = _Serving(session, spec, context_limit, engine.dispatch_width, outq, engine.name, engine.tasks)
+    # a session may admit fewer than its engine at most (engine-mlx: a split instance steps one sequence)
+    width = getattr(session, "dispatch_width", engine.dispatch_width)
+    serving = _Serving(session, spec, context_limit, width, outq, engine.name, engine.tasks)
     while True:
         message = inq.get()
         kind = message[0]
