@@ -49,6 +49,12 @@ page.setDefaultTimeout(20_000);
 let failed = null;
 const repo = args.repo;
 try {
+  // the node was started with a dead HF_ENDPOINT: the cluster setting made on the Settings page is what
+  // points its next search, add and download at the loopback hub (acceptance 2, the hub endpoint)
+  await page.goto(args.url + "/ui/settings");
+  await page.getByLabel(/^Hub endpoint/).fill(args["hub-url"]);
+  await page.getByRole("button", { name: "Save" }).click();
+  await page.getByText(/^Saved/).waitFor();
   await page.goto(args.url + "/ui/models");
   await page.getByTestId("hub").waitFor({ timeout: 60_000 });
   await page.getByLabel("Search the hub by name").fill(args.query);

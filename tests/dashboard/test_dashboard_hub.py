@@ -25,7 +25,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROFILE = """
 [profile]
 name = "dashboard-hub"
-plugins = ["master", "worker", "engine-llamacpp", "store", "api-control", "api-openai"]
+plugins = ["master", "worker", "engine-llamacpp", "store", "api-control", "api-openai", "observe"]
 
 [planes]
 control = "local"
@@ -51,7 +51,7 @@ def test_search_add_cancel_resume_place_and_chat(dashboard: Dashboard, models_di
     profile.write_text(PROFILE)
     with hub:
         env = {
-            "HF_ENDPOINT": hub.url,
+            "HF_ENDPOINT": "http://127.0.0.1:9",  # nothing there: the Settings page's hub_endpoint must win
             "HF_HUB_OFFLINE": "0",
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "SKULK_MODELS_DIR": str(tmp_path / "models"),
@@ -61,7 +61,7 @@ def test_search_add_cancel_resume_place_and_chat(dashboard: Dashboard, models_di
         try:
             node.wait_api()
             cmd = [shutil.which("node") or "node", "e2e/hub.mjs", "--url", node.url, "--out", str(dashboard.artifacts)]
-            cmd += ["--query", "smollm2", "--repo", REPO]
+            cmd += ["--query", "smollm2", "--repo", REPO, "--hub-url", hub.url]
             done = subprocess.run(
                 cmd,
                 cwd=DASHBOARD,

@@ -50,7 +50,7 @@ def test_without_assets_root_says_how_to_build_and_the_api_works(bare_node: Node
 
 def test_assets_spa_fallbacks_and_api_routes_are_not_shadowed(built_node: NodeProcess, dashboard: Dashboard) -> None:
     index = (dashboard.dist / "index.html").read_text()
-    for path in ("/", "/ui", "/ui/topology", "/ui/models", "/ui/chat", "/ui/instances"):
+    for path in ("/", "/ui", "/ui/topology", "/ui/models", "/ui/chat", "/ui/instances", "/ui/keys", "/ui/settings"):
         response = built_node.get(path, headers=HTML)
         assert response.status_code == 200 and response.text == index, path
     script = next((dashboard.dist / "assets").glob("*.js"))

@@ -25,6 +25,8 @@ const KNOWN: { name: string; label: string; acts: string; choices?: string[]; nu
     acts: "a placement that names no context, asked of any node (capped to the model's own)" },
   { name: "default_kv_cache_type", label: "Default KV cache type", choices: ["f16", "q8_0", "q4_0"], group: "Placement defaults",
     acts: "a placement that names no KV cache type (q8_0/q4_0 need an engine that quantizes its KV cache)" },
+  { name: "hub_endpoint", label: "Hub endpoint (URL)", group: "Downloads",
+    acts: "every node's next hub search, add and download (over HF_ENDPOINT)" },
   { name: "log_level", label: "Log level", choices: LOG_LEVELS, group: "Logging and tracing", acts: "every node's root logger, at once" },
   { name: "trace_ttl_s", label: "Trace retention (seconds)", numeric: true, group: "Logging and tracing", acts: "how long every node keeps a request's spans" },
 ];
@@ -36,6 +38,7 @@ export function Settings() {
   const [errors, setErrors] = useState<Record<string, string>>({});
   const [other, setOther] = useState({ name: "", value: "" });
   const [busy, setBusy] = useState(false);
+  const [loadError, setLoadError] = useState<string | null>(null);
 
   const load = useCallback(async () => {
     try {
@@ -43,7 +46,9 @@ export function Settings() {
       setView(v);
       setDraft(Object.fromEntries(KNOWN.map((k) => [k.name, v.settings[k.name] == null ? "" : String(v.settings[k.name])])));
     } catch (exc) {
-      toast(exc instanceof Error ? exc.message : String(exc), "error");
+      setLoadError(exc instanceof ApiError && exc.status === 404
+        ? "This node serves no /config: its profile lacks the observe plugin, which keeps the cluster settings."
+        : exc instanceof Error ? exc.message : String(exc));
     }
   }, []);
   useEffect(() => { void load(); }, [load]);
@@ -87,7 +92,10 @@ export function Settings() {
     void put({ [other.name.trim()]: value === "" ? null : value }, "other");
   };
 
-  if (!view) return <><div className="page-head"><h1>Settings</h1></div><div className="card"><Empty title="Loading…" /></div></>;
+  if (!view) {
+    return <><div className="page-head"><h1>Settings</h1></div>
+      <div className="card">{loadError ? <div className="reason error" role="alert">{loadError}</div> : <Empty title="Loading…" />}</div></>;
+  }
   const others = Object.entries(view.settings).filter(([name]) => !KNOWN.some((k) => k.name === name));
   return (
     <>
@@ -128,7 +136,7 @@ export function Settings() {
           <h2>Other settings</h2>
           <span className="muted small">Stored for the plugins that read them. Names ending in <code>_token</code>, <code>_secret</code>,
             {" "}<code>_password</code> or <code>_api_key</code> are kept only as a digest (never readable back).
-            The hub endpoint and its token are not acted on from here yet: set <code>HF_ENDPOINT</code>/<code>HF_TOKEN</code> in each node's environment.</span>
+            A hub token is not offered here yet (a digest is no use to a node that must send the token): set <code>HF_TOKEN</code> in each node's environment.</span>
           {others.length === 0 ? <span className="muted small">None.</span> : (
             <table className="table" data-testid="other-settings">
               <thead><tr><th scope="col">Name</th><th scope="col">Value</th></tr></thead>

@@ -183,6 +183,9 @@ def test_config_validates_known_settings_and_names() -> None:
     assert cfg.stored_value("n", "default_kv_cache_type", "q8_0")["value"] == "q8_0"
     with pytest.raises(cfg.ConfigError, match="default_kv_cache_type must be one of"):
         cfg.stored_value("n", "default_kv_cache_type", "q2")
+    assert cfg.stored_value("n", "hub_endpoint", "http://127.0.0.1:9/")["value"] == "http://127.0.0.1:9"
+    with pytest.raises(cfg.ConfigError, match="hub_endpoint must be an http"):
+        cfg.stored_value("n", "hub_endpoint", "ftp://mirror")
 
 
 def test_secrets_are_stored_as_digests_and_checkable() -> None:

@@ -41,7 +41,7 @@ from .state_view import state_view
 
 TICK_S = 2.0  # telemetry (memory, heartbeats) changes without events: resend this often anyway
 MIN_GAP_S = 0.1  # at most ten messages a second during a burst of events
-PAGES = ("topology", "models", "chat", "instances")
+PAGES = ("topology", "models", "chat", "instances", "observe", "integrations", "keys", "settings")
 DIST_ENV = "SKULK_DASHBOARD_DIR"
 REPO_DIST = Path(__file__).resolve().parents[4] / "dashboard" / "dist"
 

@@ -58,6 +58,10 @@ def _validate_known(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 10_000_000:
             raise ConfigError(name, "default_context_tokens must be a whole number of tokens from 256 to 10000000")
         return value
+    if name == "hub_endpoint":  # the store's next hub call on every node (skulk_store.hub.endpoint)
+        if not isinstance(value, str) or not re.match(r"^https?://[^\s/]+", value):
+            raise ConfigError(name, "hub_endpoint must be an http(s) URL, e.g. https://huggingface.co or a mirror")
+        return value.rstrip("/")
     if name == "default_kv_cache_type":
         if value not in KV_CACHE_TYPES:
             raise ConfigError(name, f"default_kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}")

@@ -57,8 +57,18 @@ class HubModel(BaseModel):
         return sum(f.size for f in self.files)
 
 
+_configured_endpoint: str | None = None  # the cluster's `hub_endpoint` setting (PUT /config), when set
+
+
+def set_configured_endpoint(url: str | None) -> None:
+    """The cluster setting `hub_endpoint` (plugin.py keeps it current from State): it wins over
+    `HF_ENDPOINT`, so an operator can point every node's next download at a mirror at once."""
+    global _configured_endpoint
+    _configured_endpoint = url or None
+
+
 def endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    return (_configured_endpoint or os.environ.get("HF_ENDPOINT", "https://huggingface.co")).rstrip("/")
 
 
 def _api() -> Any:

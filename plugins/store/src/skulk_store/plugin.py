@@ -111,8 +111,18 @@ def startup(node: NodeSurface) -> None:
     service.start()
 
 
+def _sync_hub_endpoint(node: NodeSurface) -> None:
+    """The cluster's `hub_endpoint` setting (the observe plugin's replicated config) into hub.py."""
+    from . import hub
+
+    entry = node.state.plugin_data.get("observe", {}).get("config.hub_endpoint")
+    value = entry.get("value") if isinstance(entry, dict) else None
+    hub.set_configured_endpoint(value if isinstance(value, str) else None)
+
+
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent) -> None:
+    _sync_hub_endpoint(node)
     service = node.services.get(STORE_SERVICE)
     if service is not None:
         service.on_event(event)
@@ -120,6 +130,7 @@ def on_event_applied(node: NodeSurface, event: IndexedEvent) -> None:
 
 @hookimpl
 def on_state_synced(node: NodeSurface, after: State) -> None:
+    _sync_hub_endpoint(node)
     service = node.services.get(STORE_SERVICE)
     if service is not None:
         service.on_synced(after)
