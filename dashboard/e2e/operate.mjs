@@ -162,6 +162,13 @@ async function revoke(a, b) {
   result.revokeToSignInS = (Date.now() - t0) / 1000;
   result.bError = await b.getByTestId("sign-in-error").textContent();
   log("browser B sent to sign-in after", result.revokeToSignInS, "s:", result.bError);
+  for (const theme of ["light", "dark"]) { // the sign-in page has no theme switch: set the theme as it would
+    await b.evaluate((t) => { document.documentElement.dataset.theme = t; }, theme);
+    await axe(b, `sign-in-${theme}`);
+    const path = join(out, `sign-in-${theme}.png`);
+    await b.screenshot({ path });
+    result.screenshots.push(path);
+  }
 }
 
 /** Settings (acceptance 2): the node's own validation message; a default set on A acts on B. */
@@ -211,6 +218,10 @@ async function everyPage(a) {
     await a.waitForTimeout(300);
     await shoot(a, name.toLowerCase());
   }
+  await goto(a, "Topology");
+  await a.getByTestId("node-card").first().click();
+  await a.getByTestId("node-panel").waitFor();
+  await shoot(a, "node-panel-operate");
 }
 
 const A = await openBrowser();

@@ -153,8 +153,8 @@ def test_keys_integrations_and_traces(dashboard: Dashboard, models_dir: Path, tm
     assert result["rightConfig"]["log_level"] == "DEBUG" and result["settingToRightMs"] < 2000, result
     # acceptance 7: axe-core finds no serious or critical violation on any page, in either theme
     serious = {page: found for page, found in result["axe"].items() if found}
-    assert len(result["axe"]) == 16 and not serious, json.dumps(serious, indent=1)
-    assert len(result["screenshots"]) == 16 and all(Path(p).stat().st_size > 10_000 for p in result["screenshots"])
+    assert len(result["axe"]) == 20 and not serious, json.dumps(serious, indent=1)
+    assert len(result["screenshots"]) == 20 and all(Path(p).stat().st_size > 10_000 for p in result["screenshots"])
     print(
         f"\ntracing toggle click -> page {result['tracingClickToPageMs']} ms; revoke -> B signed out "
         f"{result['revokeToSignInS']:.1f} s; snippet answered in {run['s']:.1f} s: {run['stdout'].strip()[:80]!r}; "
