@@ -359,4 +359,9 @@ class MlxSession:
                 self.compute.call(barrier, barrier_s, "the closing barrier")
             except Exception as exc:
                 log.info("closing barrier skipped: %s", exc)
+        if self.batcher is not None:
+            try:
+                self.batcher.close()
+            except Exception as exc:
+                log.info("batch generator not closed: %s", exc)
         self.compute.close()
