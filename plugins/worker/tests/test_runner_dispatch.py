@@ -35,7 +35,7 @@ from skulk_kernel.api import (
     task_kind,
 )
 from skulk_testing.conformance import make_runner_spec
-from skulk_worker.runner import _SERVE, _Serving
+from skulk_worker.runner import _SERVE, _Serving, serving_width
 
 SPEC = make_runner_spec(echo_cards()[ECHO_MODEL])
 MODEL = ModelId(ECHO_MODEL)
@@ -126,3 +126,15 @@ def test_a_kind_the_engine_does_not_declare_is_refused_even_if_the_session_has_t
     status, chunks = serve(EchoSession(SPEC, 0.0), task, frozenset({"TextGeneration"}))
     assert status == "Failed" and isinstance(chunks[0], ErrorChunk)
     assert chunks[0].message == "engine fake does not serve TextEmbedding"
+
+
+def test_a_session_says_its_own_width_else_the_engine_does() -> None:
+    class Wide:
+        dispatch_width = 8
+
+    class Narrow:
+        dispatch_width = 1
+
+    assert serving_width(Wide(), 1) == 8
+    assert serving_width(Narrow(), 8) == 1
+    assert serving_width(object(), 4) == 4

@@ -236,6 +236,13 @@ class _Serving:
         return status
 
 
+def serving_width(session: object, engine_width: int) -> int:
+    """How many tasks the runner serves at once: the loaded session's own `dispatch_width` when it
+    has one (engine-mlx: a batching single-rank session 8, a split one 1), else the engine's."""
+    own = getattr(session, "dispatch_width", None)
+    return own if isinstance(own, int) and not isinstance(own, bool) and own >= 1 else engine_width
+
+
 def _invalid(command_id: str, message: str) -> ErrorChunk:
     """A request this session cannot serve as asked: the API answers it with a 400."""
     return ErrorChunk(
@@ -322,8 +329,7 @@ def runner_main(
         outq.put(("status", RunnerFailed(error_message=f"load failed: {type(exc).__name__}: {exc}")))
         outq.put(("fatal", traceback.format_exc()))
         return
-    # a session may admit fewer than its engine at most (engine-mlx: a split instance steps one sequence)
-    width = getattr(session, "dispatch_width", engine.dispatch_width)
+    width = serving_width(session, engine.dispatch_width)
     serving = _Serving(session, spec, context_limit, width, outq, engine.name, engine.tasks)
     while True:
         message = inq.get()
