@@ -10,15 +10,16 @@ import {
   deleteConversation, newConversation, selectConversation, send, setModel, stop, useChat,
 } from "../store/chat";
 import { useCatalog } from "../store/cluster";
+import { STEWARD_MODEL, StewardProposals, useSteward } from "./Steward";
 
-function Message({ m, live }: { m: ChatMessage; live: boolean }) {
+function Message({ m, live, steward }: { m: ChatMessage; live: boolean; steward?: boolean }) {
   if (m.role === "user") return <div className="msg user" data-testid="user-message">{m.content}</div>;
   const empty = !m.content && !m.reasoning && !m.toolCalls?.length;
   return (
     <div className="msg assistant" data-testid="assistant-message" data-streaming={live}>
       {m.reasoning && (
         <details className="thinking" open={live} data-testid="reasoning">
-          <summary>Reasoning</summary>
+          <summary>{steward ? "Steward's tool steps" : "Reasoning"}</summary>
           {m.reasoning}
         </details>
       )}
@@ -51,7 +52,9 @@ export function Chat({ msg }: { msg: StateMessage }) {
   const [text, setText] = useState("");
   const bottom = useRef<HTMLDivElement>(null);
   const embedding = useMemo(() => new Set(catalog.filter((m) => !m.tasks.includes("TextGeneration") && m.tasks.length).map((m) => m.id)), [catalog]);
-  const models = useMemo(() => chatModels(msg.state, embedding), [msg, embedding]);
+  const steward = useSteward();
+  const hasSteward = steward !== null;
+  const models = useMemo(() => [...chatModels(msg.state, embedding), ...(hasSteward ? [STEWARD_MODEL] : [])], [msg, embedding, hasSteward]);
   const active = conversations.find((c) => c.id === activeId);
   useEffect(() => {
     if (!models.includes(model) && models[0] && !streaming) setModel(active && models.includes(active.model) ? active.model : models[0]);
@@ -76,9 +79,10 @@ export function Chat({ msg }: { msg: StateMessage }) {
         <span className="spacer" />
         <select className="select" aria-label="Select chat model" value={model} onChange={(e) => setModel(e.target.value)} disabled={!models.length}>
           {models.length === 0 && <option value="">no ready model</option>}
-          {models.map((m) => <option key={m} value={m}>{modelName(m)}</option>)}
+          {models.map((m) => <option key={m} value={m}>{m === STEWARD_MODEL ? "Steward (knows the cluster)" : modelName(m)}</option>)}
         </select>
       </div>
+      {steward && steward.proposals.length > 0 && <div style={{ marginBottom: 14 }}><StewardProposals steward={steward} /></div>}
       <div className="chat">
         <div className="card convs">
           <button className="btn" onClick={newConversation}><Icon name="plus" />New chat</button>
@@ -97,7 +101,7 @@ export function Chat({ msg }: { msg: StateMessage }) {
                 {models.length ? "Answers stream from the cluster; conversations stay in this browser." : "Launch a model from the Models page first."}
               </Empty>
             ) : active.messages.map((m, i) => (
-              <Message key={i} m={m} live={streaming && i === active.messages.length - 1 && m.role === "assistant"} />
+              <Message key={i} m={m} steward={active.model === STEWARD_MODEL} live={streaming && i === active.messages.length - 1 && m.role === "assistant"} />
             ))}
             <div ref={bottom} />
           </div>
