@@ -10,12 +10,12 @@ export const FLAGS = [
   "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ];
 
-export async function openBrowser() {
+export async function openBrowser(extraArgs = []) {
   const profile = mkdtempSync(join(tmpdir(), "skulk-chromium-"));
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
     headless: true,
-    args: FLAGS,
+    args: [...FLAGS, ...extraArgs],
     viewport: { width: 1440, height: 900 },
     deviceScaleFactor: 1,
   });

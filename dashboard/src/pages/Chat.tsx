@@ -11,8 +11,9 @@ import {
 } from "../store/chat";
 import { useCatalog } from "../store/cluster";
 import { STEWARD_MODEL, StewardProposals, useSteward } from "./Steward";
+import { MicButton, readyModelWith, SpeakButton } from "./Voice";
 
-function Message({ m, live, steward }: { m: ChatMessage; live: boolean; steward?: boolean }) {
+function Message({ m, live, steward, tts }: { m: ChatMessage; live: boolean; steward?: boolean; tts?: string | null }) {
   if (m.role === "user") return <div className="msg user" data-testid="user-message">{m.content}</div>;
   const empty = !m.content && !m.reasoning && !m.toolCalls?.length;
   return (
@@ -32,6 +33,7 @@ function Message({ m, live, steward }: { m: ChatMessage; live: boolean; steward?
         </div>
       ))}
       {m.error && <div className="reason error small" style={{ marginTop: 8 }}>{m.error}</div>}
+      {tts && !live && m.content.trim() && <div><SpeakButton model={tts} text={m.content} /></div>}
       {(m.stopped || m.finishReason || m.stats) && (
         <div className="meta" data-testid="message-meta">
           {m.stopped ? "stopped" : m.finishReason ? `finished: ${m.finishReason}` : ""}
@@ -53,6 +55,8 @@ export function Chat({ msg }: { msg: StateMessage }) {
   const bottom = useRef<HTMLDivElement>(null);
   const embedding = useMemo(() => new Set(catalog.filter((m) => !m.tasks.includes("TextGeneration") && m.tasks.length).map((m) => m.id)), [catalog]);
   const steward = useSteward();
+  const tts = readyModelWith(msg.state, catalog, "SpeechSynthesis");
+  const stt = readyModelWith(msg.state, catalog, "Transcription");
   const hasSteward = steward !== null;
   const models = useMemo(() => [...chatModels(msg.state, embedding), ...(hasSteward ? [STEWARD_MODEL] : [])], [msg, embedding, hasSteward]);
   const active = conversations.find((c) => c.id === activeId);
@@ -101,13 +105,14 @@ export function Chat({ msg }: { msg: StateMessage }) {
                 {models.length ? "Answers stream from the cluster; conversations stay in this browser." : "Launch a model from the Models page first."}
               </Empty>
             ) : active.messages.map((m, i) => (
-              <Message key={i} m={m} steward={active.model === STEWARD_MODEL} live={streaming && i === active.messages.length - 1 && m.role === "assistant"} />
+              <Message key={i} m={m} tts={tts} steward={active.model === STEWARD_MODEL} live={streaming && i === active.messages.length - 1 && m.role === "assistant"} />
             ))}
             <div ref={bottom} />
           </div>
           <div className="composer">
             <textarea className="textarea" rows={2} aria-label="Chat message" placeholder={model ? `Message ${modelName(model)}` : "No model is ready"}
               value={text} onChange={(e) => setText(e.target.value)} onKeyDown={onKey} />
+            {stt && !streaming && <MicButton model={stt} onText={(heard) => setText((t) => (t.trim() ? `${t.trim()} ${heard}` : heard))} />}
             {streaming ? (
               <button className="btn danger" aria-label="Stop" onClick={stop}><Icon name="stop" />Stop</button>
             ) : (
