@@ -5,8 +5,24 @@
 // Chats with `skulk/steward` (offered as a model: its tool steps arrive as reasoning, shown apart),
 // then approves the pending proposal ID from the Chat page. Prints `RESULT {json}` last.
 import { mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import { openBrowser } from "./browser.mjs";
+
+const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
+/** axe-core's serious and critical violations on the page as it is, in both themes (acceptance 7). */
+async function axe(page) {
+  const found = {};
+  for (const theme of ["light", "dark"]) {
+    await page.evaluate((t) => { document.documentElement.dataset.theme = t; }, theme);
+    await page.waitForTimeout(400); // colour transitions settle before contrast is measured
+    if (!(await page.evaluate(() => Boolean(window.axe)))) await page.addScriptTag({ path: AXE });
+    found[theme] = await page.evaluate(async () => (await window.axe.run(document, { resultTypes: ["violations"] }))
+      .violations.filter((v) => v.impact === "serious" || v.impact === "critical").map((v) => ({ id: v.id, targets: v.nodes.slice(0, 3).map((n) => n.target.join(" ")) })));
+  }
+  await page.evaluate(() => { document.documentElement.dataset.theme = "light"; });
+  return found;
+}
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc, []));
@@ -31,6 +47,7 @@ try {
   result.answer = (await page.getByTestId("assistant-text").last().textContent()) ?? "";
   result.reasoning = await page.locator(".thinking").count();
   result.statusBefore = await proposal.getAttribute("data-status");
+  result.axe = await axe(page);
   const path = join(args.out, "chat-steward-light.png");
   await page.screenshot({ path });
   result.screenshots.push(path);

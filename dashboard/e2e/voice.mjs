@@ -5,8 +5,24 @@
 // Chromium's fake capture device plays FILE as the microphone: the recording, transcribed by the
 // node, becomes the prompt; the answer is then read aloud and played to its end. `RESULT {json}`.
 import { mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import { openBrowser } from "./browser.mjs";
+
+const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
+/** axe-core's serious and critical violations on the page as it is, in both themes (acceptance 7). */
+async function axe(page) {
+  const found = {};
+  for (const theme of ["light", "dark"]) {
+    await page.evaluate((t) => { document.documentElement.dataset.theme = t; }, theme);
+    await page.waitForTimeout(400); // colour transitions settle before contrast is measured
+    if (!(await page.evaluate(() => Boolean(window.axe)))) await page.addScriptTag({ path: AXE });
+    found[theme] = await page.evaluate(async () => (await window.axe.run(document, { resultTypes: ["violations"] }))
+      .violations.filter((v) => v.impact === "serious" || v.impact === "critical").map((v) => ({ id: v.id, targets: v.nodes.slice(0, 3).map((n) => n.target.join(" ")) })));
+  }
+  await page.evaluate(() => { document.documentElement.dataset.theme = "light"; });
+  return found;
+}
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc, []));
@@ -44,6 +60,7 @@ try {
   await page.waitForFunction(() => document.body.dataset.spokenAt, null, { timeout: 60_000 });
   result.spokenMs = Date.now() - t0;
   log("answer spoken: started after", result.speechStartMs, "ms, ended after", result.spokenMs, "ms");
+  result.axe = await axe(page);
   const path = join(args.out, "chat-voice-light.png");
   await page.screenshot({ path });
   result.screenshots.push(path);

@@ -52,3 +52,15 @@ describe("downloads the store ran on its own", () => {
     expect(downloadViews(reading(100))[0]).toMatchObject({ status: "completed", total: 100 });
   });
 });
+
+describe("encodeWav", () => {
+  it("writes a 16-bit mono PCM WAV header and clips the samples", async () => {
+    const { encodeWav } = await import("../src/logic/wav");
+    const buffer = encodeWav(new Float32Array([0, 1, -1, 2]), 16000);
+    const view = new DataView(buffer);
+    const text = (at: number) => String.fromCharCode(...new Uint8Array(buffer, at, 4));
+    expect([text(0), text(8), text(12), text(36)]).toEqual(["RIFF", "WAVE", "fmt ", "data"]);
+    expect([view.getUint16(22, true), view.getUint32(24, true), view.getUint16(34, true), view.getUint32(40, true)]).toEqual([1, 16000, 16, 8]);
+    expect([view.getInt16(44, true), view.getInt16(46, true), view.getInt16(48, true), view.getInt16(50, true)]).toEqual([0, 32767, -32768, 32767]);
+  });
+});

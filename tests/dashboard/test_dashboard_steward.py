@@ -73,3 +73,4 @@ def test_chat_with_the_steward_and_approve_its_proposal(dashboard: Dashboard, tm
     assert result["statusBefore"] == "pending" and result["statusAfter"] != "pending", result
     assert gone, "the approved delete_instance did not run"
     assert not result["consoleErrors"], result["consoleErrors"]
+    assert not any(result["axe"].values()), json.dumps(result["axe"], indent=1)  # acceptance 7

@@ -76,4 +76,5 @@ def test_microphone_becomes_the_prompt_and_the_answer_is_spoken(dashboard: Dashb
     assert result["answer"].strip()
     assert result["spokenMs"] > result["speechStartMs"] > 0, result
     assert not result["consoleErrors"], result["consoleErrors"]
+    assert not any(result["axe"].values()), json.dumps(result["axe"], indent=1)  # acceptance 7
     print(f"\nmicrophone -> prompt {result['prompt']!r}; speech started {result['speechStartMs']} ms after Speak")

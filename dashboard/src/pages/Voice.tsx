@@ -44,7 +44,7 @@ export function SpeakButton({ model, text }: { model: string; text: string }) {
   };
   return (
     <button className="btn ghost small" onClick={() => void speak()} disabled={state !== "idle"} data-testid="speak" data-state={state}
-      aria-label="Read this answer aloud">{state === "loading" ? "Preparing audio…" : state === "playing" ? "Speaking…" : "Speak"}</button>
+      title="Read this answer aloud">{state === "loading" ? "Preparing audio…" : state === "playing" ? "Speaking…" : "Speak"}</button>
   );
 }
 
