@@ -53,6 +53,7 @@ try {
   // points its next search, add and download at the loopback hub (acceptance 2, the hub endpoint)
   await page.goto(args.url + "/ui/settings");
   await page.getByLabel(/^Hub endpoint/).fill(args["hub-url"]);
+  if (args["hub-token"]) await page.getByLabel(/^Hub token/).fill(args["hub-token"]);
   await page.getByRole("button", { name: "Save" }).click();
   await page.getByText(/^Saved/).waitFor();
   await page.goto(args.url + "/ui/models");

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from skulk_testing.nodes import start_node
+from skulk_transport_zenoh.secret import encode_token
 
 from tests.store.hub_server import HubRepo, LoopbackHub
 
@@ -21,6 +22,7 @@ from .conftest import DASHBOARD, Dashboard
 pytestmark = pytest.mark.slow
 
 REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
+TOKEN = "hf_dashboardSealedToken0123456789"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROFILE = """
 [profile]
@@ -55,13 +57,14 @@ def test_search_add_cancel_resume_place_and_chat(dashboard: Dashboard, models_di
             "HF_HUB_OFFLINE": "0",
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "SKULK_MODELS_DIR": str(tmp_path / "models"),
+            "SKULK_JOIN_TOKEN": encode_token(os.urandom(32)),  # a cluster secret: the hub token is sealed with it
             **dashboard.node_env(),
         }
         node = start_node(str(profile), "--node-name", "hub", home=tmp_path / "home", env=env)
         try:
             node.wait_api()
             cmd = [shutil.which("node") or "node", "e2e/hub.mjs", "--url", node.url, "--out", str(dashboard.artifacts)]
-            cmd += ["--query", "smollm2", "--repo", REPO, "--hub-url", hub.url]
+            cmd += ["--query", "smollm2", "--repo", REPO, "--hub-url", hub.url, "--hub-token", TOKEN]
             done = subprocess.run(
                 cmd,
                 cwd=DASHBOARD,
@@ -74,11 +77,14 @@ def test_search_add_cancel_resume_place_and_chat(dashboard: Dashboard, models_di
             lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
             assert done.returncode == 0 and lines, f"hub.mjs failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
             result = json.loads(lines[-1][7:])
+            readable = node.get("/state").text + node.get("/config").text
         finally:
             node.stop()
         sent = hub.sent_for(GGUF)
     size = gguf.stat().st_size
     assert f"hub:{REPO}" in result["hits"]
+    # the hub token set on the Settings page: sent to the hub by the node, readable by no API client
+    assert TOKEN in hub.tokens_seen and TOKEN not in readable
     assert any(GGUF in f and "Q4_1" in f for f in result["files"]), result["files"]
     assert "/s" in result["speed"], result
     assert "MiB" in result["completed"] and "1000 B" not in result["completed"], result

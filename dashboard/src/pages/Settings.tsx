@@ -20,13 +20,15 @@ interface ConfigView {
 const LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"];
 
 /** The settings a node acts on, with what they do (the rest are stored for plugins that read them). */
-const KNOWN: { name: string; label: string; acts: string; choices?: string[]; numeric?: boolean; group: string }[] = [
+const KNOWN: { name: string; label: string; acts: string; choices?: string[]; numeric?: boolean; secret?: boolean; group: string }[] = [
   { name: "default_context_tokens", label: "Default context (tokens)", numeric: true, group: "Placement defaults",
     acts: "a placement that names no context, asked of any node (capped to the model's own)" },
   { name: "default_kv_cache_type", label: "Default KV cache type", choices: ["f16", "q8_0", "q4_0"], group: "Placement defaults",
     acts: "a placement that names no KV cache type (q8_0/q4_0 need an engine that quantizes its KV cache)" },
   { name: "hub_endpoint", label: "Hub endpoint (URL)", group: "Downloads",
     acts: "every node's next hub search, add and download (over HF_ENDPOINT)" },
+  { name: "hub_token", label: "Hub token", secret: true, group: "Downloads",
+    acts: "every node's hub calls (over HF_TOKEN); sealed with the cluster secret: only nodes can read it, never shown again" },
   { name: "log_level", label: "Log level", choices: LOG_LEVELS, group: "Logging and tracing", acts: "every node's root logger, at once" },
   { name: "trace_ttl_s", label: "Trace retention (seconds)", numeric: true, group: "Logging and tracing", acts: "how long every node keeps a request's spans" },
 ];
@@ -44,7 +46,7 @@ export function Settings() {
     try {
       const v = await request<ConfigView>("/config");
       setView(v);
-      setDraft(Object.fromEntries(KNOWN.map((k) => [k.name, v.settings[k.name] == null ? "" : String(v.settings[k.name])])));
+      setDraft(Object.fromEntries(KNOWN.map((k) => [k.name, k.secret || v.settings[k.name] == null ? "" : String(v.settings[k.name])])));
     } catch (exc) {
       setLoadError(exc instanceof ApiError && exc.status === 404
         ? "This node serves no /config: its profile lacks the observe plugin, which keeps the cluster settings."
@@ -73,6 +75,10 @@ export function Settings() {
     const body: Record<string, unknown> = {};
     for (const k of KNOWN) {
       const raw = (draft[k.name] ?? "").trim();
+      if (k.secret) {
+        if (raw) body[k.name] = raw; // never read back: an empty field leaves the stored one as it is
+        continue;
+      }
       const before = view?.settings[k.name];
       if (raw === (before == null ? "" : String(before))) continue;
       body[k.name] = raw === "" ? null : k.numeric && /^-?[0-9.]+$/.test(raw) ? Number(raw) : raw;
@@ -120,9 +126,10 @@ export function Settings() {
                   {k.choices.map((l) => <option key={l} value={l}>{l}</option>)}
                 </select>
               ) : (
-                <input className="input" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""} inputMode="decimal"
+                <input className="input" name={k.name} disabled={!canOperate} value={draft[k.name] ?? ""}
+                  type={k.secret ? "password" : "text"} autoComplete="off" inputMode={k.numeric ? "decimal" : undefined}
                   aria-invalid={Boolean(errors[k.name])} aria-describedby={errors[k.name] ? `${k.name}-error` : undefined}
-                  placeholder="(default: the profile's)" onChange={(e) => setDraft({ ...draft, [k.name]: e.target.value })} />
+                  placeholder={k.secret ? (view.settings[k.name] ? "(set: type a new one to replace it)" : "(not set)") : "(default: the profile's)"} onChange={(e) => setDraft({ ...draft, [k.name]: e.target.value })} />
               )}
               {errors[k.name] && <span id={`${k.name}-error`} className="reason error small" role="alert" data-testid="setting-error">{errors[k.name]}</span>}
               {updated && <span className="muted small">set by {updated.setBy?.slice(0, 8)} at {new Date((updated.at ?? 0) * 1000).toLocaleString()}</span>}
@@ -136,7 +143,7 @@ export function Settings() {
           <h2>Other settings</h2>
           <span className="muted small">Stored for the plugins that read them. Names ending in <code>_token</code>, <code>_secret</code>,
             {" "}<code>_password</code> or <code>_api_key</code> are kept only as a digest (never readable back).
-            A hub token is not offered here yet (a digest is no use to a node that must send the token): set <code>HF_TOKEN</code> in each node's environment.</span>
+            The hub token above is the exception: a node must send it, so it is sealed with the cluster secret instead.</span>
           {others.length === 0 ? <span className="muted small">None.</span> : (
             <table className="table" data-testid="other-settings">
               <thead><tr><th scope="col">Name</th><th scope="col">Value</th></tr></thead>

@@ -25,6 +25,8 @@ from skulk_kernel.api import CommandId, NodeSurface, PluginDataSet, SetPluginDat
 
 from . import PLUGIN
 
+log = logging.getLogger("skulk.observe.config")
+
 PREFIX = "config."
 NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 SECRET_SUFFIXES = ("_token", "_secret", "_password", "_api_key")
@@ -42,6 +44,52 @@ class ConfigError(ValueError):
 
 def is_secret(name: str) -> bool:
     return name.endswith(SECRET_SUFFIXES)
+
+
+#: secrets a node must send on, not only check (the store's hub token): sealed with a key derived from
+#: the cluster secret (AES-GCM), so State holds ciphertext that only the cluster's nodes can open
+NODE_SECRETS = ("hub_token",)
+SEAL_PURPOSE = "config-sealed-v1"
+
+
+def cluster_key(node: NodeSurface) -> bytes | None:
+    """This node's sealing key, from its cluster secret (None: it has none)."""
+    from pathlib import Path
+
+    try:
+        from skulk_transport_zenoh.secret import SecretError, resolve_secret
+    except ImportError:
+        return None
+    try:
+        join = node.options.extra.get("join_token") if isinstance(node.options.extra, dict) else None
+        return resolve_secret(Path(node.options.home), join, create=False).key(SEAL_PURPOSE)
+    except (SecretError, OSError, ValueError):
+        return None
+
+
+def seal(key: bytes, name: str, value: str) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    sealed = AESGCM(key).encrypt(nonce, value.encode(), name.encode())
+    return {"secret": True, "scheme": "aesgcm-cluster-v1", "nonce": nonce.hex(), "sealed": sealed.hex()}
+
+
+def unseal(node: NodeSurface, name: str) -> str | None:
+    """A sealed secret's value on a node of the cluster; None when unset, not sealed or not openable."""
+    entry = current(node).get(name)
+    key = cluster_key(node) if entry is not None and entry.get("scheme") == "aesgcm-cluster-v1" else None
+    if entry is None or key is None:
+        return None
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        data = AESGCM(key).decrypt(bytes.fromhex(entry["nonce"]), bytes.fromhex(entry["sealed"]), name.encode())
+    except (InvalidTag, KeyError, ValueError):
+        log.warning("config %s is sealed with another cluster's secret: ignored", name)
+        return None
+    return data.decode()
 
 
 def _validate_known(name: str, value: Any) -> Any:
@@ -132,7 +180,7 @@ def secret_matches(node: NodeSurface, name: str, presented: str) -> bool:
     import hmac
 
     entry = current(node).get(name)
-    if entry is None or not entry.get("secret"):
+    if entry is None or not entry.get("secret") or "digest" not in entry:
         return False
     key = (entry["digest"], hashlib.sha256(presented.encode()).hexdigest())
     known = _VERIFIED.get(key)
@@ -149,9 +197,24 @@ def events_for(node: NodeSurface, body: dict[str, Any]) -> list[PluginDataSet]:
     if not body:
         raise ConfigError("", 'the body must name at least one setting: {"log_level": "DEBUG"}')
     return [
-        PluginDataSet(plugin=PLUGIN, key=PREFIX + name, value=stored_value(node.node_id, name, value))
+        PluginDataSet(plugin=PLUGIN, key=PREFIX + name, value=_stored(node, name, value))
         for name, value in body.items()
     ]
+
+
+def _stored(node: NodeSurface, name: str, value: Any) -> dict[str, Any] | None:
+    if name not in NODE_SECRETS or value is None:
+        return stored_value(node.node_id, name, value)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(name, f"{name} is a secret and must be a non-empty string")
+    key = cluster_key(node)
+    if key is None:
+        raise ConfigError(
+            name,
+            f"{name} is sealed with the cluster secret so that only nodes can read it, and this node has none "
+            "(start the cluster with a join token), or set HF_TOKEN in each node's environment",
+        )
+    return {**seal(key, name, value), "setBy": node.node_id, "at": time.time()}
 
 
 def command_for(events: list[PluginDataSet]) -> SetPluginData:

@@ -67,6 +67,20 @@ def set_configured_endpoint(url: str | None) -> None:
     _configured_endpoint = url or None
 
 
+_configured_token: str | None = None  # the cluster's sealed `hub_token` setting, unsealed by this node
+
+
+def set_configured_token(token: str | None) -> None:
+    """The cluster setting `hub_token` (sealed in State with the cluster secret; plugin.py unseals it):
+    sent to the hub instead of `HF_TOKEN` while set. Never logged."""
+    global _configured_token
+    _configured_token = token or None
+
+
+def _token() -> str | None:
+    return _configured_token  # None: huggingface_hub's own (HF_TOKEN, the stored login)
+
+
 def endpoint() -> str:
     return (_configured_endpoint or os.environ.get("HF_ENDPOINT", "https://huggingface.co")).rstrip("/")
 
@@ -74,7 +88,7 @@ def endpoint() -> str:
 def _api() -> Any:
     from huggingface_hub import HfApi
 
-    return HfApi(endpoint=endpoint())
+    return HfApi(endpoint=endpoint(), token=_token())
 
 
 def _hub_error(exc: Exception, what: str) -> HubError:
@@ -157,7 +171,7 @@ def _ranged_prefix(model: HubModel, name: str, size: int) -> bytes:
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = hf_hub_url(model.repo_id, name, revision=model.commit, endpoint=endpoint())
-    headers = {**build_hf_headers(), "Range": f"bytes=0-{size - 1}"}
+    headers = {**build_hf_headers(token=_token()), "Range": f"bytes=0-{size - 1}"}
     response = get_session().get(url, headers=headers, follow_redirects=True, timeout=60)
     hf_raise_for_status(response)
     return bytes(response.content[:size])
@@ -279,7 +293,7 @@ def download_file(model: HubModel, name: str, folder: Path, should_stop: Callabl
     what = f"{model.repo_id}/{name}@{model.commit[:12]}"
     url = hf_hub_url(model.repo_id, name, revision=model.commit, endpoint=endpoint())
     try:
-        meta = get_hf_file_metadata(url, endpoint=endpoint(), retry_on_errors=True)
+        meta = get_hf_file_metadata(url, token=_token(), endpoint=endpoint(), retry_on_errors=True)
     except Exception as exc:
         raise _hub_error(exc, what) from None
     if meta.commit_hash and meta.commit_hash != model.commit:
@@ -295,7 +309,8 @@ def download_file(model: HubModel, name: str, folder: Path, should_stop: Callabl
         with open(part, "r+b" if resume else "wb") as f:
             f.seek(resume)
             body = _StoppableFile(f, should_stop)
-            http_get(meta.location, body, resume_size=resume, headers=build_hf_headers(), expected_size=meta.size)  # type: ignore[arg-type]
+            headers = build_hf_headers(token=_token())
+            http_get(meta.location, body, resume_size=resume, headers=headers, expected_size=meta.size)  # type: ignore[arg-type]
     except Interrupted:
         raise
     except Exception as exc:

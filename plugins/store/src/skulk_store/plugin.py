@@ -115,9 +115,22 @@ def _sync_hub_endpoint(node: NodeSurface) -> None:
     """The cluster's `hub_endpoint` setting (the observe plugin's replicated config) into hub.py."""
     from . import hub
 
-    entry = node.state.plugin_data.get("observe", {}).get("config.hub_endpoint")
+    data = node.state.plugin_data.get("observe", {})
+    entry = data.get("config.hub_endpoint")
     value = entry.get("value") if isinstance(entry, dict) else None
     hub.set_configured_endpoint(value if isinstance(value, str) else None)
+    sealed = data.get("config.hub_token")
+    if sealed is _last_sealed[0]:
+        return  # unsealing costs a key derivation: only when the entry changed
+    _last_sealed[0] = sealed
+    try:
+        from skulk_observe.config import unseal
+    except ImportError:  # no observe plugin: no cluster settings to read
+        return
+    hub.set_configured_token(unseal(node, "hub_token"))
+
+
+_last_sealed: list[object] = [None]
 
 
 @hookimpl
