@@ -11,8 +11,8 @@ decode tok/s and time to first token (medians over the prompts):
 * with --qwen, Qwen2.5-Coder-0.5B: 1 rank vs a 2-way tensor split, pinned and not;
 * MLX single rank vs llama.cpp (xllamacpp's server, 1 thread) on the same SmolLM2 weights (Q4_1 GGUF).
 
-Aggregate throughput at 1 and 4 streams equals the single-stream figure by construction on this
-engine (dispatch_width = 1: concurrent requests queue), so it is not measured here.
+Aggregate throughput at 1 and 4 streams on one single-rank instance (continuous batching) is
+bench_mlx_batch.py's.
 Models come from the same provisioners as the tests ($SKULK_TEST_MODELS_DIR, default
 <tmp>/skulk-test-models).
 """
