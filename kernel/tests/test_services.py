@@ -102,7 +102,9 @@ SOURCES = [
     *(ROOT / "kernel" / "tests").glob("*.py"),
     *(p for p in (ROOT / "tests").rglob("*.py") if "node_modules" not in p.parts),
 ]
-EXTENSIONS_USE = re.compile(r"\.extensions\b|[\"']extensions[\"']")
+# the node's old string-keyed dict (`node.extensions[...]`, `getattr(node, "extensions")`), not the
+# providers plugin's out-of-tree extensions (`skulk.extensions`, `config.extensions`)
+EXTENSIONS_USE = re.compile(r"\b(node|self\.node|surface)\.extensions\b|getattr\(\w+, [\"']extensions[\"']")
 
 
 def test_no_node_extensions_left() -> None:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skulk_kernel import hookimpl
+from skulk_kernel.api import IndexedEvent, NodeSurface, State
 
 PLUGIN = "engine-llamacpp"
 
@@ -119,7 +120,7 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
 
 
 @hookimpl
-def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
     """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards, vision.py)."""
     if type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
         from skulk_api_control.vision_wire import follow
@@ -128,7 +129,7 @@ def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
 
 
 @hookimpl
-def shutdown(node: Any) -> None:
+def shutdown(node: NodeSurface) -> None:
     from skulk_api_control.vision_wire import unfollow
 
     unfollow(node)

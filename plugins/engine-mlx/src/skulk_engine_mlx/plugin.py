@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from skulk_kernel import hookimpl
-from skulk_kernel.api import Engine
+from skulk_kernel.api import Engine, IndexedEvent, NodeSurface, State
 
 PLUGIN = "engine-mlx"
 
@@ -50,7 +50,7 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
 
 
 @hookimpl
-def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
+def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
     """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards, vlm.py)."""
     if type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
         from skulk_api_control.vision_wire import follow
@@ -59,7 +59,7 @@ def on_event_applied(node: Any, event: Any, before: Any, after: Any) -> None:
 
 
 @hookimpl
-def shutdown(node: Any) -> None:
+def shutdown(node: NodeSurface) -> None:
     from skulk_api_control.vision_wire import unfollow
 
     unfollow(node)
