@@ -94,3 +94,12 @@ def test_suffix_without_fim_tokens_is_refused(session: MlxSession) -> None:
     chunks = list(session.generate("c", completion(suffix=" end"), lambda: False))
     assert isinstance(chunks[0], ErrorChunk) and chunks[0].error_type == "invalid_request_error"
     assert "fill-in-the-middle" in chunks[0].message
+
+
+def test_an_empty_prompt_is_refused_and_the_session_still_serves(session: MlxSession) -> None:
+    chunks = list(session.generate("c", completion(""), lambda: False))
+    assert isinstance(chunks[0], ErrorChunk) and "empty" in chunks[0].message
+    raw = TextGenerationParams(model_id="m", messages=(ChatMessage(role="user", content="x"),), raw_prompt="")
+    chunks = list(session.generate("c", raw, lambda: False))
+    assert isinstance(chunks[0], ErrorChunk) and chunks[0].error_type == "invalid_request_error"
+    assert list(session.generate("c", completion(), lambda: False))[-1].finish_reason in ("stop", "length")

@@ -152,6 +152,8 @@ class MlxSession:
         if params.completion is not None:
             try:
                 completion = completion_prompt(self.tokenizer, params, params.model_id)
+                if not completion.ids:  # nothing to read (a batch would fail every request in it)
+                    raise CompletionRefused("prompt: the prompt is empty (no tokens); send some text or token ids")
                 if params.completion.prompt_logprobs is not None and self.loaded.world_size > 1:
                     raise CompletionRefused(
                         f"prompt logprobs (echo with logprobs) are not served by a {self.loaded.world_size}-rank "
@@ -233,6 +235,10 @@ class MlxSession:
                 return
         else:
             prompt, ids = self._prompt_ids(params)
+            if not ids:  # a raw prompt of nothing: nothing to read (a batch would fail every request in it)
+                message = "prompt: the prompt is empty (no tokens); send some text"
+                yield ErrorChunk(command_id=command_id, seq=0, message=message, error_type="invalid_request_error")
+                return
         limit = params.sampling.max_tokens or max(1, self.loaded.context_length - len(ids))
         tools = [t.name for t in params.tools] if params.tools and params.tool_choice != "none" else None
         thinking = prompt.rstrip().endswith("<think>")
