@@ -122,6 +122,7 @@ def test_keys_integrations_and_traces(dashboard: Dashboard, models_dir: Path, tm
         )
         elapsed = time.monotonic() - started
         keys_after = left.get("/v1/keys").json()["keys"]
+        right_level = right.get("/v1/diagnostics/node").json()["observe"]["logLevel"]  # in force, not only stored
     finally:
         for n in nodes:
             n.stop()
@@ -151,6 +152,7 @@ def test_keys_integrations_and_traces(dashboard: Dashboard, models_dir: Path, tm
     assert 2048 not in result["contextOnRightBefore"]
     assert result["contextOnRightAfter"] and set(result["contextOnRightAfter"]) == {2048}, result
     assert result["rightConfig"]["log_level"] == "DEBUG" and result["settingToRightMs"] < 2000, result
+    assert right_level == "DEBUG", f"the log level set on the left node's page is {right_level} on the right node"
     # acceptance 7: axe-core finds no serious or critical violation on any page, in either theme
     serious = {page: found for page, found in result["axe"].items() if found}
     assert len(result["axe"]) == 20 and not serious, json.dumps(serious, indent=1)

@@ -7,6 +7,7 @@ itself (versions, its view of the master, its state hash) and calls out every mi
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import lru_cache
 from typing import Any
@@ -84,6 +85,7 @@ def node_section(node: NodeSurface) -> dict[str, Any] | None:
         "stalledRunners": stalled_runners(node),
         "traces": {"stored": len(observer.traces.trace_ids()), "spans": observer.traces.span_count()},
         "tracingEnabled": node.state.tracing_enabled,
+        "logLevel": logging.getLevelName(logging.getLogger().getEffectiveLevel()),  # what /config's log_level set
     }
 
 
