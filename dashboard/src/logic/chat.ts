@@ -6,6 +6,8 @@
  * `index` anyway so other servers' streams render too).
  */
 
+import { userContent, type ContentPart } from "./images";
+
 export interface ToolCallView {
   index: number;
   id?: string;
@@ -16,6 +18,8 @@ export interface ToolCallView {
 export interface ChatMessage {
   role: "user" | "assistant" | "system";
   content: string;
+  /** Images sent with a user turn, as data URLs (vision models only). */
+  images?: string[];
   reasoning?: string;
   toolCalls?: ToolCallView[];
   error?: string;
@@ -83,10 +87,10 @@ export function prettyArguments(text: string): string {
 }
 
 /** The messages sent to the model: past turns without the dashboard's own annotations. */
-export function requestMessages(messages: ChatMessage[]): { role: string; content: string }[] {
+export function requestMessages(messages: ChatMessage[]): { role: string; content: string | ContentPart[] }[] {
   return messages
     .filter((m) => !m.error || m.content)
-    .map((m) => ({ role: m.role, content: m.content }));
+    .map((m) => ({ role: m.role, content: m.role === "user" ? userContent(m.content, m.images) : m.content }));
 }
 
 export function titleFor(text: string): string {

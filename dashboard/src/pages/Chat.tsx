@@ -1,10 +1,11 @@
 /** Chat with any ready model; reasoning and tool calls shown apart; conversations kept in the browser. */
 
-import { useEffect, useMemo, useRef, useState, type KeyboardEvent } from "react";
+import { useEffect, useMemo, useRef, useState, type ClipboardEvent, type KeyboardEvent } from "react";
 import type { StateMessage } from "../api/types";
 import { Empty, Icon } from "../components/ui";
 import { prettyArguments, type ChatMessage } from "../logic/chat";
 import { chatModels } from "../logic/derive";
+import { hasVision, IMAGE_MAX_BYTES, imageProblem, readImage, type ChatImage } from "../logic/images";
 import { modelName } from "../logic/format";
 import {
   deleteConversation, newConversation, selectConversation, send, setModel, stop, useChat,
@@ -14,7 +15,16 @@ import { STEWARD_MODEL, StewardProposals, useSteward } from "./Steward";
 import { MicButton, readyModelWith, SpeakButton } from "./Voice";
 
 function Message({ m, live, steward, tts }: { m: ChatMessage; live: boolean; steward?: boolean; tts?: string | null }) {
-  if (m.role === "user") return <div className="msg user" data-testid="user-message">{m.content}</div>;
+  if (m.role === "user") {
+    return (
+      <div className="msg user" data-testid="user-message">
+        {m.images?.length ? (
+          <div className="thumbs">{m.images.map((url, i) => <img key={i} src={url} alt={`image ${i + 1} sent`} data-testid="sent-image" />)}</div>
+        ) : null}
+        {m.content}
+      </div>
+    );
+  }
   const empty = !m.content && !m.reasoning && !m.toolCalls?.length;
   return (
     <div className="msg assistant" data-testid="assistant-message" data-streaming={live}>
@@ -52,6 +62,9 @@ export function Chat({ msg }: { msg: StateMessage }) {
   const model = useChat((s) => s.model);
   const streaming = useChat((s) => s.streaming);
   const [text, setText] = useState("");
+  const [images, setImages] = useState<ChatImage[]>([]);
+  const [imageError, setImageError] = useState<string | null>(null);
+  const picker = useRef<HTMLInputElement>(null);
   const bottom = useRef<HTMLDivElement>(null);
   const embedding = useMemo(() => new Set(catalog.filter((m) => !m.tasks.includes("TextGeneration") && m.tasks.length).map((m) => m.id)), [catalog]);
   const steward = useSteward();
@@ -60,14 +73,37 @@ export function Chat({ msg }: { msg: StateMessage }) {
   const hasSteward = steward !== null;
   const models = useMemo(() => [...chatModels(msg.state, embedding), ...(hasSteward ? [STEWARD_MODEL] : [])], [msg, embedding, hasSteward]);
   const active = conversations.find((c) => c.id === activeId);
+  const vision = hasVision(catalog.find((c) => c.id === model)?.capabilities);
+  useEffect(() => { if (!vision) setImages([]); }, [vision]);
+  const attach = async (files: File[]) => {
+    if (!vision) {
+      if (files.length) setImageError(`${modelName(model)} does not take images (it has no vision capability)`);
+      return;
+    }
+    const taken: ChatImage[] = [];
+    for (const file of files) {
+      const problem = imageProblem(file, images.length + taken.length);
+      if (problem) { setImageError(problem); continue; }
+      try { taken.push(await readImage(file)); } catch (exc) { setImageError(String(exc)); }
+    }
+    if (taken.length) { setImageError(null); setImages((had) => [...had, ...taken]); }
+  };
+  const onPaste = (e: ClipboardEvent<HTMLTextAreaElement>) => {
+    const files = [...e.clipboardData.files].filter((f) => f.type.startsWith("image/"));
+    if (!files.length) return;
+    e.preventDefault();
+    void attach(files);
+  };
   useEffect(() => {
     if (!models.includes(model) && models[0] && !streaming) setModel(active && models.includes(active.model) ? active.model : models[0]);
   }, [models, model, streaming, active]);
   useEffect(() => { bottom.current?.scrollIntoView({ block: "end" }); }, [active?.messages]);
   const submit = () => {
-    if (!text.trim() || streaming || !model) return;
-    void send(text);
+    if ((!text.trim() && !images.length) || streaming || !model) return;
+    void send(text, images.map((i) => i.url));
     setText("");
+    setImages([]);
+    setImageError(null);
   };
   const onKey = (e: KeyboardEvent<HTMLTextAreaElement>) => {
     if (e.key === "Enter" && !e.shiftKey) {
@@ -109,14 +145,33 @@ export function Chat({ msg }: { msg: StateMessage }) {
             ))}
             <div ref={bottom} />
           </div>
+          {(images.length > 0 || imageError || vision) && (
+            <div className="attachments" data-testid="attachments">
+              {images.map((img, i) => (
+                <span className="thumb" key={i}>
+                  <img src={img.url} alt={`attached image ${img.name}`} data-testid="attached-image" />
+                  <button className="btn ghost small" aria-label={`Remove image ${img.name}`} onClick={() => setImages((had) => had.filter((_, j) => j !== i))}><Icon name="trash" /></button>
+                </span>
+              ))}
+              {vision && <span className="muted small">Paste or attach images (PNG, JPEG, WebP, GIF; up to {IMAGE_MAX_BYTES / (1024 * 1024)} MiB each).</span>}
+              {imageError && <span className="reason error small" role="alert" data-testid="image-error">{imageError}</span>}
+            </div>
+          )}
           <div className="composer">
             <textarea className="textarea" rows={2} aria-label="Chat message" placeholder={model ? `Message ${modelName(model)}` : "No model is ready"}
-              value={text} onChange={(e) => setText(e.target.value)} onKeyDown={onKey} />
+              value={text} onChange={(e) => setText(e.target.value)} onKeyDown={onKey} onPaste={onPaste} />
+            {vision && !streaming && (
+              <>
+                <input ref={picker} type="file" accept="image/*" multiple hidden data-testid="image-input" aria-label="Attach images"
+                  onChange={(e) => { void attach([...(e.target.files ?? [])]); e.target.value = ""; }} />
+                <button className="btn" data-testid="attach-image" onClick={() => picker.current?.click()}><Icon name="plus" />Attach images</button>
+              </>
+            )}
             {stt && !streaming && <MicButton model={stt} onText={(heard) => setText((t) => (t.trim() ? `${t.trim()} ${heard}` : heard))} />}
             {streaming ? (
               <button className="btn danger" aria-label="Stop" onClick={stop}><Icon name="stop" />Stop</button>
             ) : (
-              <button className="btn primary" aria-label="Send message" onClick={submit} disabled={!text.trim() || !model}><Icon name="send" />Send</button>
+              <button className="btn primary" aria-label="Send message" onClick={submit} disabled={(!text.trim() && !images.length) || !model}><Icon name="send" />Send</button>
             )}
           </div>
         </div>

@@ -67,21 +67,22 @@ export function setModel(model: string): void {
   chat.set({ model });
 }
 
-export async function send(text: string): Promise<void> {
+export async function send(text: string, images: string[] = []): Promise<void> {
   const state = chat.get();
-  if (state.streaming || !text.trim() || !state.model) return;
+  if (state.streaming || (!text.trim() && !images.length) || !state.model) return;
   let id = state.activeId;
   if (!id || !state.conversations.some((c) => c.id === id)) {
     id = newId();
-    const fresh: Conversation = { id, title: titleFor(text), model: state.model, messages: [], updatedAt: Date.now() };
+    const fresh: Conversation = { id, title: titleFor(text || "Image"), model: state.model, messages: [], updatedAt: Date.now() };
     chat.set((s) => ({ conversations: [fresh, ...s.conversations], activeId: id }));
   }
   const convId = id;
   const history = chat.get().conversations.find((c) => c.id === convId)!.messages;
-  const messages = [...requestMessages(history), { role: "user", content: text }];
+  const turn: ChatMessage = images.length ? { role: "user", content: text, images } : { role: "user", content: text };
+  const messages = requestMessages([...history, turn]);
   update(convId, (c) => ({
     ...c, model: state.model, updatedAt: Date.now(),
-    messages: [...c.messages, { role: "user", content: text }, { role: "assistant", content: "" }],
+    messages: [...c.messages, turn, { role: "assistant", content: "" }],
   }));
   const abort = new AbortController();
   inflight = { abort, commandId: null };
