@@ -32,6 +32,8 @@ const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
 page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
+const failedResponses = [];
+page.on("response", (r) => r.status() >= 400 && failedResponses.push(`${r.status()} ${r.url()}`));
 page.setDefaultTimeout(20_000);
 let failed = null;
 try {
@@ -71,11 +73,20 @@ try {
     await page.screenshot({ path });
     result.screenshots.push(path);
   }
+  // Observe's Capabilities section (the providers plugin runs on this node)
+  await page.goto(args.url + "/ui/observe");
+  await page.getByTestId("capability-row").first().waitFor({ timeout: 30_000 });
+  result.capabilities = await page.getByTestId("capability-row").evaluateAll((rows) => rows.map((r) => r.dataset.ref));
+  result.axeObserve = await axe(page);
+  path = join(args.out, "observe-capabilities-light.png");
+  await page.getByTestId("capabilities").screenshot({ path });
+  result.screenshots.push(path);
 } catch (exc) {
   failed = exc;
   await page.screenshot({ path: join(args.out, "vision-failure.png") }).catch(() => undefined);
 }
 result.consoleErrors = consoleErrors;
+result.failedResponses = failedResponses;
 await close();
 console.log("RESULT " + JSON.stringify(result));
 if (failed) {

@@ -4,8 +4,10 @@ A real node runs engine-echo with `vision_model = true` (skulk/echo-vision answe
 sha256 digest, computed from the bytes its runner received) and the text-only skulk/echo. Chromium
 picks a PNG through the file input and sends it; the answer carries the digest of the file's bytes
 as the test computes them. The text-only model shows no image control; an image over the node's
-`images_max_bytes` shows the node's 413 on the answer; axe-core with an image attached. Browser
-side: `dashboard/e2e/vision.mjs`."""
+`images_max_bytes` shows the node's 413 on the answer; axe-core with an image attached. The node
+also runs the providers plugin with the example echo provider (pip-installed into a folder of its
+own on the node's PYTHONPATH, never into the shared environment): Observe's Capabilities section
+lists its descriptors. Browser side: `dashboard/e2e/vision.mjs`."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from skulk_testing.nodes import start_node
 
-from .conftest import DASHBOARD, Dashboard
+from .conftest import DASHBOARD, ROOT, Dashboard
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +31,7 @@ MAX_BYTES = 4096
 PROFILE = f"""
 [profile]
 name = "dashboard-vision"
-plugins = ["master", "worker", "engine-echo", "store", "api-control", "api-openai"]
+plugins = ["master", "worker", "engine-echo", "store", "api-control", "api-openai", "providers", "observe"]
 
 [planes]
 control = "local"
@@ -41,7 +44,11 @@ vision_model = true
 
 [plugins.api-control]
 images_max_bytes = {MAX_BYTES}
+
+[plugins.providers]
+extensions = ["echo"]
 """
+ECHO_PROVIDER = ROOT / "examples" / "extensions" / "echo-provider"
 
 
 def test_an_image_picked_on_the_page_reaches_the_vision_model(dashboard: Dashboard, tmp_path: Path) -> None:
@@ -53,7 +60,13 @@ def test_an_image_picked_on_the_page_reaches_the_vision_model(dashboard: Dashboa
     digest = hashlib.sha256(small.read_bytes()).hexdigest()
     profile = tmp_path / "vision.toml"
     profile.write_text(PROFILE)
-    node = start_node(str(profile), "--node-name", "vision", home=tmp_path / "home", env=dashboard.node_env())
+    ext = tmp_path / "extensions"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--quiet", "--target", str(ext)]
+    installed = subprocess.run([*pip, str(ECHO_PROVIDER)], capture_output=True, text=True, timeout=240)
+    assert installed.returncode == 0, installed.stderr
+    path = os.pathsep.join(p for p in (str(ext), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**dashboard.node_env(), "PYTHONPATH": path}
+    node = start_node(str(profile), "--node-name", "vision", home=tmp_path / "home", env=env)
     try:
         node.wait_api()
         for model in ("skulk/echo-vision", "skulk/echo"):
@@ -78,9 +91,11 @@ def test_an_image_picked_on_the_page_reaches_the_vision_model(dashboard: Dashboa
     finally:
         node.stop()
     assert result["textModelImageControls"] == 0, result
+    assert {"echo.unary@1.0.0", "echo.duplex@1.0.0"} <= set(result["capabilities"]), result["capabilities"]
     assert digest in result["answer"], (digest, result["answer"])
     assert result["attachedAfterSend"] == 0
     assert str(MAX_BYTES) in result["bigError"] and "bytes" in result["bigError"], result["bigError"]
     assert not any(result["axe"].values()), json.dumps(result["axe"], indent=1)
+    assert not any(result["axeObserve"].values()), json.dumps(result["axeObserve"], indent=1)
     errors = [e for e in result["consoleErrors"] if "413" not in e]  # the refused upload is logged by Chromium
     assert not errors, errors

@@ -1,7 +1,8 @@
 /**
  * Observe: every node's health with its reasons (from State, so any node shows all of them), one
  * node's own diagnostics fetched through this node, the cluster timeline, and traces: turning
- * tracing on and off, and a waterfall of one request's spans across the nodes it crossed.
+ * tracing on and off, and a waterfall of one request's spans across the nodes it crossed; the
+ * providers' capabilities per node where the providers plugin runs.
  */
 
 import { useCallback, useEffect, useState } from "react";
@@ -11,6 +12,7 @@ import { Empty, HealthBadge } from "../components/ui";
 import { nodeViews } from "../logic/derive";
 import { useCanOperate } from "../store/session";
 import { toast } from "../store/ui";
+import { Capabilities } from "./Capabilities";
 
 const message = (exc: unknown) => (exc instanceof ApiError || exc instanceof Error ? exc.message : String(exc));
 
@@ -21,6 +23,7 @@ export function Observe({ msg }: { msg: StateMessage }) {
       <div className="page-head"><h1>Observe</h1><span className="muted">{nodes.length} node{nodes.length === 1 ? "" : "s"}</span></div>
       <div className="stack" style={{ gap: 14 }}>
         <Health msg={msg} />
+        <Capabilities msg={msg} />
         <Traces msg={msg} />
         <Timeline />
       </div>
