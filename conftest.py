@@ -61,6 +61,12 @@ SHARED_NODES = {
 GROUPS = {
     "plugins/engine-vllm/tests/test_vllm_engine.py": "@vllm",
     "plugins/engine-vllm/tests/test_vllm_node.py": "@vllm",
+    # transformers caches whether torch exists when first imported: the diffusers engine's in-process
+    # tests (torch from its own environment, put on the path) must run before anything in the same
+    # process imports mlx-vlm (which imports transformers without torch); one unit keeps that order
+    "plugins/engine-diffusers/tests/test_session.py": "@transformers",
+    "plugins/engine-mlx/tests/test_vlm.py": "@transformers",
+    "tests/vision/test_vision_mlx.py": "@transformers",
 }
 #: modules whose every test starts its own nodes (function-scoped fixtures only)
 SPLIT_BY_TEST = ("tests/cluster/test_cluster.py",)
