@@ -61,7 +61,6 @@ from .templates import (
 from .toolcalls import STOP_MARKERS, ToolCallStreamParser, new_call_id
 
 ToolMode = Literal["auto", "native", "prompt"]
-LLAMA_UBATCH = 512  # llama.cpp's default micro-batch (n_ubatch), what a prompt is cut into when none is set
 #: How the turn after a tool result is generated (``answer`` unless the request forces a call):
 #: ``answer`` renders the conversation (calls and results included) without the tool catalog and
 #: makes the reply start as prose; ``free`` leaves it to the model and its template.
@@ -429,10 +428,9 @@ class LlamaServer:
 
     def prefill(self, ids: Sequence[int]) -> Iterator[int]:
         """Cache a long prompt's ids in timed steps (see :mod:`.prefill`); yields tokens cached so far."""
-        # steps end where time says (a cancel waits at most about one step), always on the micro-batch
-        # grid (n_ubatch, else llama.cpp's own 512): a long prompt is cut into the same micro-batches
-        # stepped or whole, so a resume that sends it whole caches the same bits (exact continuation)
-        return prefill_steps(self, ids, grid=self.n_ubatch or LLAMA_UBATCH)
+        # steps end where time says (a cancel waits at most about one step); with n_ubatch set they end
+        # on its grid, so a long prompt is cut into the same micro-batches stepped or whole
+        return prefill_steps(self, ids, grid=self.n_ubatch or 1)
 
     # -- embeddings ------------------------------------------------------------------------
 
