@@ -12,10 +12,12 @@ A test skips, with the reason, only when apt or npm is not there at all.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,15 +65,32 @@ def ensure_chromium() -> Path:
     return CHROMIUM
 
 
+@contextlib.contextmanager
+def _installing() -> Iterator[None]:
+    """One installer at a time: several dashboard modules run on parallel xdist workers, and two
+    `npm ci` in one folder delete each other's node_modules (seen in CI: exit 217 and 1)."""
+    import fcntl
+    import tempfile
+
+    tag = hashlib.sha256(str(DASHBOARD).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"skulk-dashboard-{tag}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure_node_modules() -> None:
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
         pytest.skip("Node.js (node and npm) is not installed; the dashboard cannot be built")
     want = hashlib.sha256((DASHBOARD / "package-lock.json").read_bytes()).hexdigest()
-    if LOCK_STAMP.exists() and LOCK_STAMP.read_text().strip() == want:
-        return
-    _run([npm, "ci", "--no-audit", "--no-fund"], DASHBOARD, timeout=600)
-    LOCK_STAMP.write_text(want)
+    with _installing():
+        if LOCK_STAMP.exists() and LOCK_STAMP.read_text().strip() == want:
+            return
+        _run([npm, "ci", "--no-audit", "--no-fund"], DASHBOARD, timeout=600)
+        LOCK_STAMP.write_text(want)
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +102,8 @@ def node_modules() -> Path:
 @pytest.fixture(scope="session")
 def dashboard(node_modules: Path, tmp_path_factory: pytest.TempPathFactory) -> Dashboard:
     """Chromium present, packages installed, the current sources type-checked and built."""
-    chromium = ensure_chromium()
+    with _installing():
+        chromium = ensure_chromium()
     dist = tmp_path_factory.mktemp("dashboard-dist")
     npx = shutil.which("npx") or "npx"
     _run([npx, "tsc", "--noEmit", "-p", "."], DASHBOARD, timeout=300)
