@@ -139,8 +139,14 @@ IMAGES = uploads.UploadKind(
 # ------------------------------------------------------------------ the runner node (engine plugins)
 
 
+FOLLOWED = frozenset({"TaskCreated", "TaskDeleted", "InstanceDeleted"})  # what the receiver reacts to
+
+
 def follow(node: NodeSurface, event: Any, max_bytes: int = 256 * 1024 * 1024, timeout_s: float = 120.0) -> None:
-    """An engine plugin's `on_event_applied`: the node's one images receiver (made on first use) sees it."""
+    """An engine plugin's `on_event_applied`: the node's one images receiver (made on first use) sees it.
+    Every engine that takes images calls this; the receiver is shared, so a second call is a no-op."""
+    if type(event).__name__ not in FOLLOWED:
+        return
     uploads.shared_receiver(IMAGES, node, max_bytes, timeout_s)
     uploads.forward_event(IMAGES, node, event)
 

@@ -66,7 +66,7 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
 def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
     """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards)."""
     config = node.plugin_config(PLUGIN) or EchoConfig()
-    if config.vision_model and type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
+    if config.vision_model:
         from skulk_api_control.vision_wire import follow
 
         follow(node, event.event)

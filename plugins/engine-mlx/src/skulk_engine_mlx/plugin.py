@@ -52,10 +52,9 @@ def plugin_fits(facts: dict[str, Any], chosen: list[str]) -> tuple[bool, str] | 
 @hookimpl
 def on_event_applied(node: NodeSurface, event: IndexedEvent, before: State, after: State) -> None:
     """Images of chat tasks whose runner is on this node arrive on the data plane (vision cards, vlm.py)."""
-    if type(event.event).__name__ in ("TaskCreated", "TaskDeleted", "InstanceDeleted"):
-        from skulk_api_control.vision_wire import follow
+    from skulk_api_control.vision_wire import follow
 
-        follow(node, event.event)
+    follow(node, event.event)
 
 
 @hookimpl
