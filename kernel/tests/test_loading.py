@@ -322,15 +322,15 @@ def test_raising_implementation_is_logged_and_skipped(
 def test_guarded_firstresult_skips_a_raising_decision(
     plugin_manager: pluggy.PluginManager, register_plugin: Any
 ) -> None:
-    class Refuser:
+    class Resolver:
         @hookimpl
-        def check_command(self, command: Any, state: Any) -> str:
-            return "refused"
+        def resolve_model(self, ref: Any, catalog: Any) -> str:
+            return "found"
 
-    register_plugin(Refuser(), "refuser")
-    register_plugin(RecordingPlugin(["check_command"], raising=["check_command"]), "broken")
+    register_plugin(Resolver(), "resolver")
+    register_plugin(RecordingPlugin(["resolve_model"], raising=["resolve_model"]), "broken")
     hooks = GuardedHooks(plugin_manager)
-    assert hooks.call("check_command", firstresult=True, command=None, state=None) == ["refused"]
+    assert hooks.call("resolve_model", firstresult=True, ref="x", catalog={}) == ["found"]
     assert [f[1] for f in hooks.failures] == ["broken"]
 
 

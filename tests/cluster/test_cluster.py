@@ -7,6 +7,7 @@ import signal
 import statistics
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +47,37 @@ def test_three_nodes_form_one_cluster_by_multicast(cluster_factory):
     # each node reports its live sessions as edges (within a telemetry round or two)
     first.wait_until(lambda: len(first.state()["topology"]["connections"]) == 6, 15, "all six edges")
     assert cluster.wait_agreed(15)[0] == master
+    _telemetry_is_relayed_by_the_master(cluster, master, ids)
+
+
+def _telemetry_is_relayed_by_the_master(cluster: Any, master: str, ids: set[str]) -> None:
+    """A follower hears every node's readings through the master's digest: one message a round
+    whatever the cluster's size (it heard N-1 a round before), and still every node's heartbeat."""
+    follower = next(n for n in cluster.nodes if cluster.node_id(n) != master)
+    own = cluster.node_id(follower)
+
+    def heard_everyone() -> bool:
+        view = {n["nodeId"]: n for n in follower.get("/v1/diagnostics/cluster").json()["nodes"]}
+        return all((view.get(i) or {}).get("friendlyName") and (view[i]["lastHeardS"] or 99) < 5.0 for i in ids - {own})
+
+    follower.wait_until(heard_everyone, 15, "every other node's identity and a fresh heartbeat")
+    by_role = {"follower": follower, "master": cluster.by_id(master)}
+
+    def counts() -> dict[str, dict[str, int]]:
+        return {
+            role: cluster.diag(n)["transports"]["telemetry"]["messages"]["telemetry"] for role, n in by_role.items()
+        }
+
+    before, started = counts(), time.monotonic()
+    time.sleep(8.0)
+    after, rounds = counts(), (time.monotonic() - started) / 2.0
+    digests = after["master"]["sent"] - before["master"]["sent"]  # the master's own readings go to itself
+    heard = {role: after[role]["received"] - before[role]["received"] for role in after}
+    # before the relay a follower heard each of the other two nodes once a round (about 2 * rounds)
+    assert heard["follower"] <= digests + 1, f"a follower heard {heard} with {digests} digests: not only digests"
+    assert digests <= 2 * rounds + 1, f"{digests} digests in {rounds:.1f} rounds: more than one a second"
+    assert heard["master"] >= 2 * (rounds - 1), f"the master heard {heard} in {rounds:.1f} rounds: not both followers"
+    assert heard_everyone()
 
 
 def test_three_nodes_form_one_cluster_with_bootstrap_peers_only(cluster_factory):

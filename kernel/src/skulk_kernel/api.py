@@ -71,7 +71,7 @@ from .tasks import (
 )
 from .telemetry import (
     DownloadProgress, Memory, NodeDisk, NodeHealthNotes, NodeHeartbeat, NodeIdentity, NodeMemory, NodeResources,
-    NodeSystem, Reading,
+    NodeSystem, Reading, ReadingDigest,
 )
 from .topics import Plane, Topic
 from .wire import Tagged, WireModel, tagged_union

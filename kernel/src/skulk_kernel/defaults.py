@@ -17,8 +17,3 @@ def resolve_model(ref: str, catalog: dict[str, Any]) -> Any:
         if mid == lowered or mid.endswith("/" + lowered):
             return card
     return None
-
-
-@hookimpl(trylast=True)
-def check_command(command: Any, state: Any) -> str | None:
-    return None  # accept: plugins veto

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:  # the hook signatures only; nothing here is imported at run time
-    from .commands import Command
     from .contracts import EngineInstaller, NodeSurface
     from .events import IndexedEvent
     from .models import ModelCard
@@ -148,15 +147,6 @@ def resolve_model(ref: str, catalog: dict[str, ModelCard]) -> ModelCard | None:
 
     Called by the API and the master. First non-None result wins; the kernel default (trylast)
     matches exact ids and then a case-insensitive id suffix.
-    """
-
-
-@hookspec(firstresult=True)
-def check_command(command: Command, state: State) -> str | None:
-    """Veto a command before the master sequences it: return a reason string to refuse it.
-
-    Called on the master for every command. The first non-None result refuses the command;
-    the kernel default (trylast) accepts everything.
     """
 
 

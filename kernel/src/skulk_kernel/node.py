@@ -218,8 +218,8 @@ class Node:
 
     async def publish(self, topic: Topic, payload: bytes) -> None:
         master = self.master_id
-        if topic in (Topic.COMMANDS, Topic.LOCAL_EVENTS) and master in (self.node_id, *self._peers):
-            # only the master reads these: addressed to it (over a live session), not sent to every node
+        if topic in (Topic.COMMANDS, Topic.LOCAL_EVENTS, Topic.READINGS) and master in (self.node_id, *self._peers):
+            # only the master reads these (readings: it relays a round's in one digest), addressed to it
             return await self._transport(topic).send(str(master), topic, payload)
         await self._transport(topic).publish(topic, payload)
 
@@ -352,7 +352,7 @@ class Node:
 
     def _on_reading(self, sender: str, payload: bytes) -> None:
         if sender != self.node_id:
-            self.readings.put_encoded(sender, payload)
+            self.readings.put_encoded(sender, payload, self.node_id)
 
     # ---------------------------------------------------------------- membership
 

@@ -57,9 +57,15 @@ class ReadingStore:
                 slots[kind] = Received(old.reading, got.at_monotonic, got.at_wall)
         slots[type(reading).__name__] = got
 
-    def put_encoded(self, sender: str, payload: bytes) -> None:
+    def put_encoded(self, sender: str, payload: bytes, own_id: str = "") -> None:
+        """A node's own reading, or a master's digest of a round's (any master's: while two nodes
+        both think they lead, each must still hear the other's followers, or it prunes them)."""
         reading = codec.decode_union(payload, _READING)
-        if reading.node_id == sender:  # a node may only speak for itself
+        if isinstance(reading, telemetry.ReadingDigest):
+            for relayed in reading.readings:
+                if relayed.node_id != own_id:  # our own readings never wait for the net
+                    self.put(relayed.node_id, relayed)
+        elif reading.node_id == sender:  # a node may only speak for itself
             self.put(sender, reading)
 
     def get(self, kind: type[Any], node_id: str) -> Received | None:

@@ -41,8 +41,9 @@ class ChunkStream:
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
         while not self.closed:
-            try:
-                chunk = await asyncio.wait_for(self._queue.get(), self.idle_timeout)
+            try:  # a chunk already queued is taken at once (wait_for costs a task per call)
+                q = self._queue
+                chunk = q.get_nowait() if q.qsize() else await asyncio.wait_for(q.get(), self.idle_timeout)
             except TimeoutError:
                 self.closed = True
                 yield ErrorChunk(
@@ -76,8 +77,7 @@ class StreamRouter:
             stream.closed = True
 
     def deliver(self, chunk: Chunk) -> None:
-        stream = self._streams.get(chunk.command_id)
-        if stream is not None:
+        if (stream := self._streams.get(chunk.command_id)) is not None:
             stream.put(chunk)
 
     def fail(self, command_id: str, message: str, **kwargs: Any) -> None:

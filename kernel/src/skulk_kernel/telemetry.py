@@ -82,6 +82,17 @@ class DownloadProgress(Tagged):
 
 
 _Probed: TypeAlias = NodeIdentity | NodeMemory | NodeSystem | NodeResources | NodeDisk | NodeHeartbeat
-Reading: TypeAlias = _Probed | DownloadProgress | NodeHealthNotes
+_Relayable: TypeAlias = _Probed | DownloadProgress | NodeHealthNotes
+Relayed: TypeAlias = _Relayable
+if not TYPE_CHECKING:
+    Relayed = tagged_union(_Relayable)
+
+
+class ReadingDigest(Tagged):  # the master relays a round's readings in one message: O(1) per follower, not O(N)
+    node_id: NodeId
+    readings: tuple[Relayed, ...] = ()
+
+
+Reading: TypeAlias = _Relayable | ReadingDigest
 if not TYPE_CHECKING:
     Reading = tagged_union(Reading)

@@ -56,6 +56,13 @@ class MasterConfig(BaseModel):
 
 
 @hookimpl
+def add_hookspecs(pm: Any) -> None:
+    from . import hookspecs  # check_command: the master's veto, asked before it sequences a command
+
+    pm.add_hookspecs(hookspecs)
+
+
+@hookimpl
 def register_config(register: Callable[[str, type[BaseModel]], None]) -> None:
     register(PLUGIN, MasterConfig)
 
@@ -74,6 +81,7 @@ async def startup(node: NodeSurface) -> None:
     master = Master(node, node.plugin_config(PLUGIN) or MasterConfig())
     node.services.publish(MASTER, master)
     await master.attach()
+    master.relay.attach()
 
 
 @hookimpl

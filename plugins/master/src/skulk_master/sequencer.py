@@ -61,6 +61,7 @@ from .keep_alive import IdleClock
 from .placement import capacities
 from .planner import MemoryPlanner
 from .plugin import MasterConfig
+from .relay import TelemetryRelay
 
 log = logging.getLogger("skulk.master")
 PLAN_INTERVAL_S = 1.0
@@ -80,6 +81,7 @@ class Master:
         self._event_log: EventLog | None = None
         self._answered = AnsweredCommands()  # this session's outcomes, by command id
         self.idle = IdleClock()  # fed on every node (plugin.on_event_applied), acted on by the master
+        self.relay = TelemetryRelay(node)  # the cluster's readings, one digest a round (relay.py)
         planner = next(iter(node.planners.values()), None)
         if isinstance(planner, MemoryPlanner):
             planner.overhead = config.memory_overhead
@@ -102,6 +104,7 @@ class Master:
         self.active = False
         if self._plan_task is not None:
             self._plan_task.cancel()
+        await self.relay.stop()
 
     def close(self) -> None:
         """At node shutdown: flush and close the event log (a step-down keeps it open for the next term)."""
