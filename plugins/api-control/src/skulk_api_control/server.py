@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from skulk_kernel.api import NodeSurface
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .access_log import AccessLog
 from .auth import install_auth
@@ -42,18 +43,33 @@ def openai_error(
     )
 
 
+class LimitBody:
+    """A declared body over MAX_BODY_BYTES is a 413 before any route reads it.
+
+    Plain ASGI on purpose: Starlette's `@app.middleware("http")` (BaseHTTPMiddleware) relays every
+    chunk of a streamed answer through a memory stream and a task of its own, a cost per token.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+            if length.isdigit() and int(length) > MAX_BODY_BYTES:
+                answer = openai_error(
+                    413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}", code="request_too_large"
+                )
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(node: NodeSurface) -> FastAPI:
     app = FastAPI(title="Skulk", version=str(node.runtime_info()["skulkVersion"]), docs_url="/docs")
     app.state.node = node
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return openai_error(
-                413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}", code="request_too_large"
-            )
-        return await call_next(request)
+    app.add_middleware(LimitBody)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

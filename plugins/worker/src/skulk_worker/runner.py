@@ -1,8 +1,11 @@
 """The runner subprocess: loads one shard on one engine and serves tasks from its worker.
 
 Started with the `spawn` method (forking after llama.cpp or MLX initialised hangs the child). It
-loads only the plugin that registered its engine, never the whole profile. Messages are tuples on
-two multiprocessing queues; everything in them is a picklable kernel type.
+loads only the plugin that registered its engine, never the whole profile. Messages are tuples,
+everything in them a picklable kernel type: the worker's come on a multiprocessing queue; the
+runner's go back on a pipe in batches (`Outbox`: the messages put while a batch was being written
+travel together in the next one, one pickled list and one write), so the chunks of several streams
+that are ready together cost the worker one wake-up instead of one each.
 
     worker -> runner: ("task", Task, traced) | ("cancel", task_id) | ("stop",)
     runner -> worker: ("status", RunnerStatus) | ("ack", task_id) | ("chunk", task_id, Chunk)
@@ -59,6 +62,45 @@ from skulk_kernel.api import (
 log = logging.getLogger("skulk.runner")
 RANK_FAILED = "rank_failed"  # an engine's ErrorChunk code: a collective failed, the group is unusable
 DECODE_BATCH = 16  # chunks (tokens) per runner.decode_batch span of a traced task
+
+
+class Outbox:
+    """The runner's messages to its worker, from any thread, sent in order in batches on a pipe.
+
+    No sender thread (a hand-off per token costs a wake-up): the thread that puts a message sends
+    it, with whatever else gathered meanwhile, unless another thread is sending; that one then
+    sends it too, before it lets go. A full pipe blocks the sender (the worker reads all the time).
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._items: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()  # guards _items
+        self._sending = threading.Lock()  # held by the one thread writing to the pipe
+        self.broken = False  # the worker is gone: nothing more is sent
+
+    def put(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._items.append(message)
+        while self._items and self._sending.acquire(blocking=False):
+            try:
+                while True:
+                    with self._lock:
+                        batch, self._items = self._items, []
+                    if not batch or self.broken:
+                        break
+                    try:
+                        self._conn.send(batch)
+                    except (OSError, ValueError):
+                        self.broken = True  # the worker closed its end: nobody to tell
+            finally:
+                self._sending.release()
+            # a message put while this thread was letting go is sent on the next turn of the loop
+
+    def close(self) -> None:
+        with self._sending:
+            self._conn.close()
+            self.broken = True
 
 
 def _engine(profile: Profile, engine_name: str) -> Engine:
@@ -291,10 +333,27 @@ def runner_main(
     spec: RunnerSpec,
     context_limit: int,
     inq: Any,
-    outq: Any,
+    conn: Any,
     parent_pid: int | None = None,
 ) -> None:
-    """The subprocess entry point (must stay importable without side effects)."""
+    """The subprocess entry point (must stay importable without side effects); `conn` is the write
+    end of the pipe to the worker."""
+    outq = Outbox(conn)
+    try:
+        _run_runner(profile, engine_name, spec, context_limit, inq, outq, parent_pid)
+    finally:
+        outq.close()
+
+
+def _run_runner(
+    profile: Profile,
+    engine_name: str,
+    spec: RunnerSpec,
+    context_limit: int,
+    inq: Any,
+    outq: Outbox,
+    parent_pid: int | None,
+) -> None:
     # Ctrl-C in a terminal reaches the whole process group; the node stops its runners itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is not None:

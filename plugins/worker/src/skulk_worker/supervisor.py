@@ -19,7 +19,6 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -121,14 +120,16 @@ class RunnerSupervisor:
     # ------------------------------------------------------------------ process
 
     def start(self) -> None:
-        self.inq, self.outq = _SPAWN.Queue(), _SPAWN.Queue()
+        self.inq = _SPAWN.Queue()
+        self.outq, writer = _SPAWN.Pipe(duplex=False)  # the runner's batches (runner.Outbox)
         self.process = _SPAWN.Process(
             target=runner_main,
-            args=(self.profile, self.engine_name, self.spec, self.context_limit, self.inq, self.outq, os.getpid()),
+            args=(self.profile, self.engine_name, self.spec, self.context_limit, self.inq, writer, os.getpid()),
             name=f"skulk-runner-{self.runner_id[:8]}",
             daemon=True,
         )
         self.process.start()
+        writer.close()  # the runner holds the only write end: its death is an EOF here at once
         self.loaded = False
         self.load_started = time.monotonic()
         self._phase("spawned")
@@ -151,21 +152,21 @@ class RunnerSupervisor:
         )
         self._reader.start()
 
-    def _read(self, loop: asyncio.AbstractEventLoop, process: Any, outq: Any) -> None:
-        """Blocking reads on a thread; every message is handed to the event loop in order."""
+    def _read(self, loop: asyncio.AbstractEventLoop, process: Any, conn: Any) -> None:
+        """Blocking reads on a thread; each batch of messages is handed to the event loop in order,
+        as one callback (not one per message: a token costs the loop no wake-up of its own)."""
         while True:
             try:
-                message = outq.get(timeout=0.25)
-            except queue.Empty:
-                if not process.is_alive():
-                    loop.call_soon_threadsafe(self._spawn_on_loop, self._on_exit(process))
-                    return
-                continue
+                if not conn.poll(0.25):
+                    if process.is_alive():
+                        continue
+                    raise EOFError
+                batch = conn.recv()
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self._spawn_on_loop, self._on_exit(process))
                 return
-            loop.call_soon_threadsafe(self._spawn_on_loop, self._on_message(message))
-            if message[0] == "stopped":
+            loop.call_soon_threadsafe(self._spawn_on_loop, self._on_batch(batch))
+            if any(message[0] == "stopped" for message in batch):
                 return
 
     def _spawn_on_loop(self, coro: Any) -> None:
@@ -206,6 +207,10 @@ class RunnerSupervisor:
                 span_id=span_id,
                 attributes=attributes,
             )
+
+    async def _on_batch(self, batch: list[tuple[Any, ...]]) -> None:
+        for message in batch:
+            await self._on_message(message)
 
     async def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -377,7 +382,7 @@ class RunnerSupervisor:
         if process.is_alive():
             process.kill()
             await asyncio.to_thread(process.join, 2)
-        for q in (self.inq, self.outq):
-            q.close()
-            q.cancel_join_thread()
+        self.inq.close()
+        self.inq.cancel_join_thread()
+        self.outq.close()
         await self.node.emit(RunnerStatusUpdated(runner_id=self.runner_id, status=RunnerShutdown()))
