@@ -25,8 +25,8 @@ Ordering. Candidates are ordered by the tuple (clock, seniority, commands_seen, 
 Lifecycle. On start a node campaigns. Each round collects `campaign` messages for
 `campaign_timeout_s`; then every node picks the best candidate it heard. The winner calls
 `on_change(itself)` and announces (`announce` every `heartbeat_s`); the others accept the master
-whose announcement they hear. Followers send `status` every `heartbeat_s` (that is what support
-counts). A follower that hears nothing from its master for `master_timeout_s` reports
+whose announcement they hear. Followers send `status` to the master every third of
+`master_timeout_s` (that is what support counts; one within the timeout is enough). A follower that hears nothing from its master for `master_timeout_s` reports
 `on_change(None)` and starts a round. During a membership round everyone keeps its current master;
 if the round re-elects it, nothing is reported.
 
@@ -155,6 +155,7 @@ class BullyElection:
         self._outbox: dict[str, ElectionMessage] = {}
         self._no_master_since = 0.0
         self._next_beat = 0.0
+        self._next_status = 0.0
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
         self._desired: str | None = None
@@ -602,7 +603,10 @@ class BullyElection:
             if self.round is not None:
                 self.round.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
                 self._queue("campaign")
-            elif not self.is_master:
+            elif not self.is_master and now >= self._next_status:
+                # Support needs one status within master_timeout_s, not one per beat: a third of
+                # it halves what the master hears per follower (N statuses a second at 32 nodes).
+                self._next_status = now + max(cfg.heartbeat_s, cfg.master_timeout_s / 3) - cfg.heartbeat_s / 2
                 self._queue("status")
         if now >= self._next_prune:
             self._next_prune = now + cfg.master_timeout_s
