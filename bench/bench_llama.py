@@ -1,6 +1,6 @@
 """llama.cpp serving under load: a Skulk node vs llama.cpp's server alone, measured in one run.
 
-    python bench/bench_llama.py [--levels 1,4,16] [--max-tokens 64] [--burst] [--no-spec] [--out bench/results]
+    python bench/bench_llama.py [--levels 1,4,16] [--max-tokens 64] [--burst] [--no-spec] [--profile] [--out DIR]
 
 * Throughput: N concurrent streams (fresh prompts: no prompt-cache hits) through the node's
   /v1/chat/completions (profile cpu-llamacpp, SmolLM2-135M Q4_1, 16 slots, 1 decode thread) against
@@ -8,6 +8,10 @@
   level alternated node / engine. Reported: aggregate completion tokens/s, node / engine and
   node at N / node at 1.
 * Time to first token at 4 streams against 1 (median over the streams, through the node).
+* The node's own cost (first, and alone with --profile): CPU-milliseconds its Python spends per
+  generated token at 1 and 4 streams (the node process and its runners' Python, llama.cpp's threads
+  in the runner apart; on a 2-core box every one is taken from llama.cpp), and what it adds to one
+  stream's time to first token (node minus engine alone, alternated, median of --ttft-rounds).
 * Constrained vs plain: one stream with a ``json_schema`` response format vs none (decode tok/s).
 * Speculative vs plain (engine alone): Qwen2.5-Coder-1.5B greedy, with and without the 0.5B as
   draft, as shipped (Q4_K_M) and requantized batch-exact (Q4_1); decode tok/s ratio, the
@@ -109,6 +113,60 @@ def level(url: str, model: str, n: int, max_tokens: int, extra: dict[str, Any] |
     }
 
 
+def python_cpu_s(node_pid: int) -> tuple[float, dict[int, float]]:
+    """CPU-seconds so far of the node's Python work: the node process, plus its runner processes
+    less their long-lived non-main threads (llama.cpp's server runs inside the runner: its threads
+    live from load to exit, while the runner's Python work is its main thread and a thread per task).
+    Returns the total and the long-lived threads' times, for a difference with a later call."""
+    import psutil
+
+    root = psutil.Process(node_pid)
+    total, threads = sum(root.cpu_times()[:2]), {}
+    for runner in root.children():
+        try:
+            total += sum(runner.cpu_times()[:2])
+            threads.update({t.id: t.user_time + t.system_time for t in runner.threads() if t.id != runner.pid})
+        except psutil.Error:
+            pass
+    return total, threads
+
+
+def node_cpu_per_ktok(node_pid: int, url: str, streams: int, max_tokens: int, rounds: int) -> dict[str, float]:
+    """CPU-milliseconds the node's Python spends per generated token at `streams` concurrent
+    streams (= CPU-seconds per 1,000 tokens): taken from llama.cpp's cores on a small box. psutil
+    times before and after, so other load on the box does not count."""
+    total0, threads0 = python_cpu_s(node_pid)
+    tokens = 0
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        tokens += int(level(url, MODEL, streams, max_tokens)["tokens"])
+    wall = time.perf_counter() - t0
+    total1, threads1 = python_cpu_s(node_pid)
+    engine = sum(t - threads0[i] for i, t in threads1.items() if i in threads0)
+    python = total1 - total0 - engine
+    return {
+        "python_cpu_ms_per_token": 1000 * python / max(tokens, 1),
+        "engine_cpu_ms_per_token": 1000 * engine / max(tokens, 1),
+        "tokens": tokens,
+        "wall_s": wall,
+    }
+
+
+def node_added_ttft(node_url: str, engine_url: str, rounds: int) -> dict[str, float]:
+    """What the node adds to one stream's time to first token: node minus engine alone, alternated,
+    median of `rounds` pairs."""
+    node, engine = [], []
+    for _ in range(rounds):
+        node.append(stream_once(node_url, MODEL, 4)["ttft_s"])
+        engine.append(stream_once(engine_url, MODEL, 4)["ttft_s"])
+    return {
+        "node_ttft_ms": 1000 * statistics.median(node),
+        "engine_ttft_ms": 1000 * statistics.median(engine),
+        "added_ms": 1000 * statistics.median(n - e for n, e in zip(node, engine, strict=True)),
+        "rounds": rounds,
+    }
+
+
 def best(results: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in results)
 
@@ -170,6 +228,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--burst", action="store_true")
     ap.add_argument("--no-spec", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="only the node's CPU per 1,000 tokens and added TTFT")
+    ap.add_argument("--ttft-rounds", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the node on a timeout
@@ -203,6 +263,14 @@ def main() -> None:
         with LlamaServer(gguf, n_parallel=16, n_threads=1) as engine:
             engine_url = engine.base_url + "/v1/chat/completions"
             stream_once(node_url, MODEL, 8), stream_once(engine_url, MODEL, 8)  # warm both
+            report["node_cpu"] = {
+                str(n): node_cpu_per_ktok(node.pid(), node_url, n, args.max_tokens, max(2, 16 // n)) for n in (1, 4)
+            }
+            report["node_added_ttft"] = node_added_ttft(node_url, engine_url, args.ttft_rounds)
+            print("node cpu", json.dumps(report["node_cpu"]), "\nttft", json.dumps(report["node_added_ttft"]))
+            save()
+            if args.profile:
+                return
             rows = {}
             for n in levels:
                 node_runs, engine_runs = [], []

@@ -92,11 +92,39 @@ def test_the_request_after_the_steps_finds_them_cached(chat_server: Any) -> None
 
 def test_one_render_and_tokenization_per_prompt(chat_server: Any) -> None:
     session = _session(chat_server)
-    params = _long(50, "c")
+    params = _long(150, "c")  # over STEP_MIN tokens: counted exactly (a shorter one is bounded, below)
     before = chat_server.memo.computed
     first = session.count_tokens(params)  # the runner's context check
     assert session.count_tokens(params) == first  # the gate's reservation
     assert chat_server.memo.computed == before + 1
+
+
+def test_a_short_chat_is_bounded_without_tokenizing_it(chat_server: Any) -> None:
+    """A short prompt that fits is counted by a bound (no render or tokenization before generating);
+    the bound is never under the exact count; a prompt near the limit is counted exactly."""
+    session = _session(chat_server)
+    ask = _long(3, "d")
+    session.count_tokens(ask)  # the conversation's shape is rendered once
+    shapes, before = chat_server.shapes.computed, chat_server.memo.computed
+    texts = ("hi", "Tell me about owls and salt.", "é" * 40, "")
+    bounds = [
+        session.count_tokens(ask.model_copy(update={"messages": (ChatMessage(role="user", content=t),)})) for t in texts
+    ]
+    assert chat_server.shapes.computed == shapes and chat_server.memo.computed == before  # no server round trip
+    for text, bound in zip(texts, bounds, strict=True):
+        exact = chat_server.count_tokens([{"role": "user", "content": text}])
+        assert exact <= bound <= exact + len(text.encode()) + 4, (text, exact, bound)
+    system = ask.model_copy(
+        update={"messages": (ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="hi"))}
+    )
+    assert session.count_tokens(system) >= chat_server.count_tokens(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    )
+    near = ask.model_copy(update={"sampling": SamplingParams(max_tokens=chat_server.context_length - 20)})
+    assert session.count_tokens(near) == chat_server.count_tokens([m.template_dict() for m in near.messages])
+    chunks = list(session.generate("c3", ask, lambda: False))
+    assert isinstance(chunks[-1], TokenChunk) and chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens <= session.count_tokens(ask)
 
 
 def test_short_prompts_go_in_one_request() -> None:

@@ -44,6 +44,7 @@ from .completion import PromptEcho, ScoringProgress, complete
 from .constraints import parse_tool_choice
 from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from .plugin import LlamaCppConfig, llamacpp_config
+from .prefill import STEP_MIN
 from .vision import mmproj_path, with_images
 
 log = logging.getLogger("skulk.engine.llamacpp")
@@ -192,7 +193,28 @@ class LlamaSession:
             return n + (len(self.backend.tokenize(c.suffix)) + 3 if c.suffix is not None else 0)  # + FIM tokens
         if params.raw_prompt is not None:
             return len(self.backend.tokenize(params.raw_prompt, add_special=True))
-        return int(self.backend.count_tokens(to_messages(params), to_tools(params)))
+        messages, tools = to_messages(params), to_tools(params)
+        bound = self._bound(params, messages, tools)
+        return bound if bound is not None else int(self.backend.count_tokens(messages, tools))
+
+    def _bound(self, params: TextGenerationParams, messages: list[dict[str, Any]], tools: Any) -> int | None:
+        """A short chat prompt's token bound, when it settles everything the count is for, else None.
+
+        The count serves the context check (prompt + max_tokens within the limit), the gate's
+        reservation and the choice to step the prefill: a bound of at most STEP_MIN tokens (so no
+        stepping) that passes the check answers all three, and saves the template and tokenizer
+        round trips to the server before the first token (llama.cpp renders and tokenizes the
+        prompt again when it generates). A longer or non-text prompt, or one near the limit, is
+        counted exactly (the refusal then names its exact count).
+        """
+        bounder = getattr(self.backend, "prompt_bound", None)
+        limit = getattr(self.spec, "context_limit", None) or getattr(self.backend, "context_length", 0)
+        if bounder is None or not limit or params.continue_from or any(m.images for m in params.messages):
+            return None
+        bound = bounder(messages, tools)
+        if bound is None or bound > STEP_MIN or bound + (params.sampling.max_tokens or 0) > limit:
+            return None
+        return int(bound)
 
     def generate(self, command_id: str, params: TextGenerationParams, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         if self.gate is None:
@@ -222,7 +244,7 @@ class LlamaSession:
             gate.leave(ticket)
             raise
         try:
-            steps = self._prefill(params)
+            steps = self._prefill(params) if prompt > STEP_MIN else iter(())  # a short one is never stepped
             while True:
                 if cancelled():  # abandoned mid-prompt: llama.cpp stops only between steps (prefill.py)
                     yield TokenChunk(command_id=command_id, seq=seq, text="", finish_reason="cancelled")

@@ -227,6 +227,8 @@ class LlamaServer:
         self._accepted = 0
         #: one rendering + tokenization per prompt, shared by the runner's count, the gate and prefill
         self.memo = PromptMemo()
+        #: the template's own tokens for a conversation's shape (prompt_bound), by that shape
+        self.shapes = PromptMemo()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -421,6 +423,22 @@ class LlamaServer:
         return self.memo.ids(
             [messages, tools], lambda: self.tokenize(self.apply_template(messages, tools), add_special=True)
         )
+
+    def prompt_bound(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
+        """At least as many tokens as this conversation's prompt, found without rendering or tokenizing it.
+
+        The template's own tokens depend on the conversation's shape (roles, tool calls, tools), not
+        on what the messages say: the shape is rendered and tokenized once with every text content
+        one byte long (so no ``if content`` branch is skipped) and memoized. A content's tokens are
+        at most its bytes (a token is never shorter than a byte); two more a message cover a
+        content's edges merging with the template's text differently. None for non-text content.
+        """
+        contents = [m.get("content") for m in messages]
+        if any(c is not None and not isinstance(c, str) for c in contents):
+            return None
+        shape = [{**m, "content": "x"} if isinstance(m.get("content"), str) else m for m in messages]
+        head = len(self.shapes.ids([shape, tools], lambda: self.tokenize(self.apply_template(shape, tools), True)))
+        return head + sum(len(c.encode()) for c in contents if c) + 2 * len(messages)
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens this conversation would take (for context-limit checks)."""
