@@ -93,9 +93,21 @@ class Outbox:
                         self._conn.send(batch)
                     except (OSError, ValueError):
                         self.broken = True  # the worker closed its end: nobody to tell
+                    except Exception:  # a message that does not pickle: the others still go
+                        self._one_by_one(batch)
             finally:
                 self._sending.release()
             # a message put while this thread was letting go is sent on the next turn of the loop
+
+    def _one_by_one(self, batch: list[tuple[Any, ...]]) -> None:
+        for message in batch:
+            try:
+                self._conn.send([message])
+            except (OSError, ValueError):
+                self.broken = True
+                return
+            except Exception:
+                log.exception("runner message %r could not be sent to the worker; dropped", message[:2])
 
     def close(self) -> None:
         with self._sending:
