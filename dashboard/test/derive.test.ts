@@ -14,7 +14,7 @@ describe("nodes", () => {
   });
 
   it("turns a peer without a session into an error with remediation and the removal timeout", () => {
-    const s = state({ topology: { nodes: [A, B], connections: [] } });
+    const s = state({ topology: { nodes: [A, B], missing: [] } });
     const msg = message(s, { liveness: { [A]: { lastHeardS: 0, reachable: true }, [B]: { lastHeardS: 1, reachable: false } } });
     const health = nodeHealth(msg, B);
     expect(health.level).toBe("error");
@@ -24,7 +24,7 @@ describe("nodes", () => {
 
   it("turns a silent peer into an error and drops the duplicate heartbeat warning", () => {
     const s = state({
-      topology: { nodes: [A, B], connections: [] },
+      topology: { nodes: [A, B], missing: [] },
       nodeHealth: { [B]: { level: "warn", reasons: [{ level: "warn", message: "last heartbeat 12s ago", remediation: "x" }] } },
     });
     const msg = message(s, { liveness: { [A]: { lastHeardS: 0, reachable: true }, [B]: { lastHeardS: 12, reachable: true } } });
@@ -40,20 +40,22 @@ describe("nodes", () => {
   });
 
   it("orders the master first", () => {
-    const s = state({ topology: { nodes: [A, B], connections: [] }, masterNodeId: B, nodeIdentities: { [A]: { friendlyName: "a" }, [B]: { friendlyName: "z" } } });
+    const s = state({ topology: { nodes: [A, B], missing: [] }, masterNodeId: B, nodeIdentities: { [A]: { friendlyName: "a" }, [B]: { friendlyName: "z" } } });
     expect(nodeViews(message(s)).map((n) => n.id)).toEqual([B, A]);
   });
 });
 
 describe("edges", () => {
-  it("merges the two directions of a link into one undirected edge", () => {
-    const s = state({ topology: { nodes: [A, B], connections: [{ source: A, sink: B, kind: "zenoh" }, { source: B, sink: A, kind: "zenoh" }] } });
-    expect(edges(s)).toEqual([{ a: A, b: B, kinds: ["zenoh"], bidirectional: true }]);
+  it("links every pair of members when no session is missing", () => {
+    const s = state({ topology: { nodes: [B, A], missing: [] } });
+    expect(edges(s)).toEqual([{ a: A, b: B, kinds: [], bidirectional: true }]);
   });
 
-  it("keeps a one-way report as not bidirectional and ignores self loops", () => {
-    const s = state({ topology: { nodes: [A, B], connections: [{ source: B, sink: A }, { source: A, sink: A }] } });
-    expect(edges(s)).toEqual([{ a: A, b: B, kinds: [], bidirectional: false }]);
+  it("makes a link one-way when one side reports it missing, and drops it when both do", () => {
+    const one = state({ topology: { nodes: [A, B], missing: [{ source: B, sink: A }] } });
+    expect(edges(one)).toEqual([{ a: A, b: B, kinds: [], bidirectional: false }]);
+    const both = state({ topology: { nodes: [A, B], missing: [{ source: B, sink: A }, { source: A, sink: B }] } });
+    expect(edges(both)).toEqual([]);
   });
 });
 

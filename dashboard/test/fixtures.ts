@@ -5,7 +5,7 @@ export const B = "bbbbbbbb-0000-0000-0000-000000000002";
 
 export function state(over: Partial<ClusterState> = {}): ClusterState {
   return {
-    instances: {}, runners: {}, tasks: {}, downloads: {}, topology: { nodes: [A], connections: [] }, lastSeen: {},
+    instances: {}, runners: {}, tasks: {}, downloads: {}, topology: { nodes: [A], missing: [] }, lastSeen: {},
     instanceFailures: [], customModelCards: {}, tracingEnabled: false, lastEventAppliedIdx: 1,
     nodeIdentities: { [A]: { friendlyName: "alpha" } },
     nodeMemory: { [A]: { ramTotal: { inBytes: 16 * 2 ** 30 }, ramAvailable: { inBytes: 12 * 2 ** 30 } } },

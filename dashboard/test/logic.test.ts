@@ -83,7 +83,7 @@ describe("chat deltas", () => {
 
 describe("placement previews", () => {
   const s = state({
-    topology: { nodes: [A, B], connections: [] },
+    topology: { nodes: [A, B], missing: [] },
     nodeIdentities: { [A]: { friendlyName: "alpha" }, [B]: { friendlyName: "beta" } },
     nodeMemory: { [A]: { ramAvailable: { inBytes: 1000 } }, [B]: { ramAvailable: { inBytes: 500 } } },
   });

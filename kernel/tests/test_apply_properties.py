@@ -366,7 +366,7 @@ def golden_mixed_log() -> list[IndexedEvent]:
         .add(
             ev.NodeJoined(node_id="n1"),
             ev.NodeJoined(node_id="n2"),
-            ev.TopologyEdgeCreated(edge=ev.Connection(source="n1", sink="n2")),
+            ev.TopologyEdgeDeleted(edge=ev.Connection(source="n1", sink="n2")),
             ev.InstanceCreated(instance=instance("i1", {"r1": "n1", "r2": "n2"})),
             ev.RunnerStatusUpdated(runner_id="r1", status=RunnerReady()),
             ev.TaskCreated(task=task("t1")),
@@ -431,20 +431,20 @@ def test_golden_node_timeout_removes_edges_downloads_and_last_seen() -> None:
         log.add(ev.NodeJoined(node_id=node), origin=node)
     log.add(ev.NodeJoined(node_id="n2"))  # duplicate: no-op
     edges = [ev.Connection(source=a, sink=b) for a, b in (("n1", "n2"), ("n2", "n3"), ("n3", "n1"))]
-    log.add(*(ev.TopologyEdgeCreated(edge=e) for e in edges))
-    log.add(ev.TopologyEdgeCreated(edge=edges[0]))  # duplicate: no-op
+    log.add(*(ev.TopologyEdgeDeleted(edge=e) for e in edges))  # sessions missing
+    log.add(ev.TopologyEdgeDeleted(edge=edges[0]))  # duplicate: no-op
     log.add(ev.DownloadPending(node_id="n2", model_id="m"), ev.DownloadPending(node_id="n3", model_id="m"))
     before = log.state()
-    assert before.topology == Topology(nodes=("n1", "n2", "n3"), connections=tuple(edges))
+    assert before.topology == Topology(nodes=("n1", "n2", "n3"), missing=tuple(edges))
 
     log.add(ev.NodeTimedOut(node_id="n2", heartbeat_age_s=31.0, timeout_s=30.0))
     state = log.state()
-    assert state.topology == Topology(nodes=("n1", "n3"), connections=(edges[2],))
+    assert state.topology == Topology(nodes=("n1", "n3"), missing=(edges[2],))
     assert set(state.downloads) == {"n3"}
     assert set(state.last_seen) == {"n1", "n3", "master"}
 
-    log.add(ev.TopologyEdgeDeleted(edge=edges[2]))
-    assert log.state().topology.connections == ()
+    log.add(ev.TopologyEdgeCreated(edge=edges[2]))  # the session is back
+    assert log.state().topology.missing == ()
 
 
 def test_golden_plugin_data_set_and_delete() -> None:
@@ -509,4 +509,4 @@ def test_golden_mixed_log_wire_form() -> None:
     assert wire["tasks"]["t1"]["TextGenerationTask"]["status"] == "Running"
     assert wire["downloads"] == {"n2": {"m": {"DownloadCompletedStatus": {"totalBytes": 123}}}}
     assert wire["pluginData"] == {"steward": {"k": {"x": [1, 2.5, "y", None]}}}
-    assert wire["topology"]["connections"] == [{"source": "n1", "sink": "n2", "kind": "transport"}]
+    assert wire["topology"]["missing"] == [{"source": "n1", "sink": "n2", "kind": "transport"}]

@@ -76,7 +76,7 @@ export interface ClusterState {
   runners: Record<string, Tagged<RunnerStatusBody>>;
   tasks: Record<string, Tagged<Record<string, unknown>>>;
   downloads: Record<string, Record<string, Tagged<{ totalBytes?: number; errorMessage?: string }>>>;
-  topology: { nodes: string[]; connections: Connection[] };
+  topology: { nodes: string[]; missing: Connection[] };
   lastSeen: Record<string, string>;
   instanceFailures: InstanceFailure[];
   customModelCards: Record<string, unknown>;

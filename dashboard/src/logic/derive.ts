@@ -121,20 +121,19 @@ export interface Edge {
   bidirectional: boolean;
 }
 
-/** Undirected edges: each node reports its own sessions, so a healthy link is reported twice. */
+/** Undirected links between members: State records only the sessions a node reports missing, so
+ * every other pair is linked. One side missing: a one-way link; both sides: no link. */
 export function edges(state: ClusterState): Edge[] {
-  const byPair = new Map<string, Edge & { dirs: Set<string> }>();
-  for (const c of state.topology.connections) {
-    if (c.source === c.sink) continue;
-    const [a, b] = c.source < c.sink ? [c.source, c.sink] : [c.sink, c.source];
-    const key = `${a}|${b}`;
-    const edge = byPair.get(key) ?? { a, b, kinds: [], bidirectional: false, dirs: new Set<string>() };
-    if (c.kind && !edge.kinds.includes(c.kind)) edge.kinds.push(c.kind);
-    edge.dirs.add(c.source);
-    edge.bidirectional = edge.dirs.size > 1;
-    byPair.set(key, edge);
-  }
-  return [...byPair.values()].map(({ dirs: _dirs, ...edge }) => edge);
+  const missing = new Set(state.topology.missing.map((c) => `${c.source}|${c.sink}`));
+  const nodes = [...new Set(state.topology.nodes)].sort();
+  const found: Edge[] = [];
+  nodes.forEach((a, i) => {
+    for (const b of nodes.slice(i + 1)) {
+      const ab = missing.has(`${a}|${b}`), ba = missing.has(`${b}|${a}`);
+      if (!(ab && ba)) found.push({ a, b, kinds: [], bidirectional: !ab && !ba });
+    }
+  });
+  return found;
 }
 
 export type InstancePhase = "ready" | "loading" | "starting" | "failed" | "stopping";

@@ -122,7 +122,7 @@ def _(event: ev.NodeTimedOut, state: State) -> Updates:
     node = event.node_id
     topology = Topology(
         nodes=tuple(n for n in state.topology.nodes if n != node),
-        connections=tuple(c for c in state.topology.connections if node not in (c.source, c.sink)),
+        missing=tuple(c for c in state.topology.missing if node not in (c.source, c.sink)),
     )
     return {
         "topology": topology,
@@ -133,16 +133,15 @@ def _(event: ev.NodeTimedOut, state: State) -> Updates:
 
 @_apply_event.register
 def _(event: ev.TopologyEdgeCreated, state: State) -> Updates:
-    if event.edge in state.topology.connections:
-        return {}
-    connections = (*state.topology.connections, event.edge)
-    return {"topology": state.topology.model_copy(update={"connections": connections})}
+    missing = tuple(c for c in state.topology.missing if c != event.edge)
+    return {"topology": state.topology.model_copy(update={"missing": missing})}
 
 
 @_apply_event.register
 def _(event: ev.TopologyEdgeDeleted, state: State) -> Updates:
-    connections = tuple(c for c in state.topology.connections if c != event.edge)
-    return {"topology": state.topology.model_copy(update={"connections": connections})}
+    if event.edge in state.topology.missing:
+        return {}
+    return {"topology": state.topology.model_copy(update={"missing": (*state.topology.missing, event.edge)})}
 
 
 def _set_download(state: State, node: str, model: str, status: object) -> Updates:

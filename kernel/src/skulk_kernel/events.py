@@ -19,7 +19,7 @@ from .wire import Tagged, WireModel, tagged_union
 
 
 class Connection(WireModel):
-    """A directed observation: `source` reached `sink` over `kind` (e.g. zenoh, tcp, loopback)."""
+    """A directed observation about `source`'s session to `sink` over `kind` (zenoh, libp2p)."""
 
     source: NodeId
     sink: NodeId
@@ -83,11 +83,11 @@ class NodeTimedOut(Tagged):
     timeout_s: float
 
 
-class TopologyEdgeCreated(Tagged):
+class TopologyEdgeCreated(Tagged):  # the session is back: the pair leaves `Topology.missing`
     edge: Connection
 
 
-class TopologyEdgeDeleted(Tagged):
+class TopologyEdgeDeleted(Tagged):  # `source` has no session to `sink`, a member: recorded as missing
     edge: Connection
 
 

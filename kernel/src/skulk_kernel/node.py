@@ -386,21 +386,21 @@ class Node:
         return {self.node_id, *self._peers}
 
     async def _report_edges(self) -> None:
-        """Report this node's live transport sessions as topology edges until State agrees.
+        """Report the members this node has no live session with (`Topology.missing`) until State agrees.
 
         Sent only while State differs from what the transport sees (so the log records changes,
-        not heartbeats), and re-sent every telemetry round until the master has indexed it: an
-        edge seen before any master existed is not lost.
+        not heartbeats), re-sent every telemetry round until the master has indexed it.
         """
         if self.master_id is None:
             return
         kind = self.transports["control"].name
-        mine = {c for c in self.state.topology.connections if c.source == self.node_id}
-        wanted = {Connection(source=self.node_id, sink=p, kind=kind) for p in self._peers}
+        mine = {c for c in self.state.topology.missing if c.source == self.node_id}
+        lacking = set(self.state.topology.nodes) - self._peers - {self.node_id}
+        wanted = {Connection(source=self.node_id, sink=p, kind=kind) for p in lacking}
         for edge in wanted - mine:
-            await self.emit(TopologyEdgeCreated(edge=edge))
-        for edge in mine - wanted:
             await self.emit(TopologyEdgeDeleted(edge=edge))
+        for edge in mine - wanted:
+            await self.emit(TopologyEdgeCreated(edge=edge))
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -19,9 +19,9 @@ from .wire import Tagged, WireModel, tagged_union
 MAX_INSTANCE_FAILURES = 64
 
 
-class Topology(WireModel):
+class Topology(WireModel):  # every pair of members is connected but those in `missing` (a mesh costs nothing)
     nodes: tuple[NodeId, ...] = ()
-    connections: tuple[Connection, ...] = ()
+    missing: tuple[Connection, ...] = ()
 
 
 class InstanceFailure(WireModel):

@@ -200,13 +200,14 @@ def test_the_reading_store_has_a_ceiling_and_evicts_the_node_heard_from_longest_
     assert store.nodes() == {"a", "c", "d"}
 
 
-def test_an_edge_already_in_state_is_not_indexed_again() -> None:
+def test_a_missing_edge_already_in_state_is_not_indexed_again() -> None:
     from skulk_kernel.api import Connection, TopologyEdgeCreated, TopologyEdgeDeleted
 
     edge = Connection(source="b", sink="a", kind="zenoh")  # type: ignore[arg-type]
-    first = decide_report(State(), "b", TopologyEdgeCreated(edge=edge), view())
+    first = decide_report(State(), "b", TopologyEdgeDeleted(edge=edge), view())  # b lost its session to a
     assert len(first.events) == 1
     state = applied(State(), *first.events)
-    assert decide_report(state, "b", TopologyEdgeCreated(edge=edge), view()).events == ()  # a re-send
-    assert len(decide_report(state, "b", TopologyEdgeDeleted(edge=edge), view()).events) == 1
-    assert decide_report(State(), "b", TopologyEdgeDeleted(edge=edge), view()).events == ()
+    assert state.topology.missing == (edge,)
+    assert decide_report(state, "b", TopologyEdgeDeleted(edge=edge), view()).events == ()  # a re-send
+    assert len(decide_report(state, "b", TopologyEdgeCreated(edge=edge), view()).events) == 1  # it is back
+    assert decide_report(State(), "b", TopologyEdgeCreated(edge=edge), view()).events == ()  # never missing

@@ -384,7 +384,7 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
             "lastEventAppliedIdx": node.state.last_event_applied_idx,
             "stateHash": node.state.state_hash(),
             "nodes": nodes,
-            "connections": [c.wire() for c in node.state.topology.connections],
+            "missing": [c.wire() for c in node.state.topology.missing],
             "instanceFailures": [f.wire() for f in node.state.instance_failures[-20:]],
         }
 

@@ -60,9 +60,9 @@ def decide_report(state: State, origin: str, event: Event, view: DecisionView) -
     if not isinstance(event, REPORTABLE):
         return Decision(log=(f"refusing {type(event).__name__} reported by {origin} on LOCAL_EVENTS",))
     if isinstance(event, TopologyEdgeCreated | TopologyEdgeDeleted):
-        # A node re-sends its edges every round until State has them: a master behind on a join
-        # storm (N x N edges) must not index each one again for every round it stayed behind.
-        if (event.edge in state.topology.connections) == isinstance(event, TopologyEdgeCreated):
+        # A node re-sends its missing edges every round until State has them: a master behind on
+        # them must not index each one again for every round it stayed behind.
+        if (event.edge in state.topology.missing) != isinstance(event, TopologyEdgeCreated):
             return Decision()
     follow: tuple[Event, ...] = ()
     if isinstance(event, TaskStatusUpdated | TaskFailed | TaskAcknowledged):

@@ -120,10 +120,8 @@ class MemoryPlanner:
 
     @staticmethod
     def _connected(state: State, a: str, b: str) -> bool:
-        edges = state.topology.connections
-        if not edges:  # no observations yet: every pair of live nodes counts as reachable
-            return True
-        return any({c.source, c.sink} == {a, b} for c in edges)
+        """Members are connected unless either reports the session between them missing."""
+        return not any({c.source, c.sink} == {a, b} for c in state.topology.missing)
 
     def _cycles(self, state: State, nodes: list[str], size: int) -> list[tuple[str, ...]]:
         found = []
