@@ -176,6 +176,7 @@ class Node:
         previous = self.master_id
         log.info("master is now %s%s", master_id, " (this node)" if master_id == self.node_id else "")
         self.master_id = master_id
+        self._send_filter.reset()  # a new master (relay) gets every reading again
         self.submitter.master_changed(master_id)
         if previous is not None:
             # A new master starts a new session that cannot carry the old one's requests.
@@ -221,7 +222,8 @@ class Node:
         if topic in (Topic.COMMANDS, Topic.LOCAL_EVENTS, Topic.READINGS) and master in (self.node_id, *self._peers):
             # only the master reads these (readings: it relays a round's in one digest), addressed to it
             return await self._transport(topic).send(str(master), topic, payload)
-        await self._transport(topic).publish(topic, payload)
+        if topic is not Topic.READINGS:  # readings wait for a master (all re-sent to it): no N x N storm at failover
+            await self._transport(topic).publish(topic, payload)
 
     async def submit(self, command: Command, timeout: float = DEFAULT_TIMEOUT_S) -> Outcome:
         """Send a command to the master and await what became of it (see `outcomes`).
@@ -386,12 +388,9 @@ class Node:
         return {self.node_id, *self._peers}
 
     async def _report_edges(self) -> None:
-        """Report the members this node has no live session with (`Topology.missing`) until State agrees.
-
-        Sent only while State differs from what the transport sees (so the log records changes,
-        not heartbeats), re-sent every telemetry round until the master has indexed it.
-        """
-        if self.master_id is None:
+        """Report the members this node has no live session with (`Topology.missing`) until State agrees:
+        only changes, re-sent every telemetry round until indexed; never while no master is reachable."""
+        if self.master_id not in self.reachable_nodes():
             return
         kind = self.transports["control"].name
         mine = {c for c in self.state.topology.missing if c.source == self.node_id}
