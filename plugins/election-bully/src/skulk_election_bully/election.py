@@ -435,11 +435,14 @@ class BullyElection:
             rnd = self.round
             assert rnd is not None
             rnd.answered.add(sender)
-        new = sender not in rnd.candidates
         rnd.candidates[sender] = (msg.seniority, msg.commands_seen)
-        if (new or k < rnd.clock) and sender not in rnd.answered:
+        if k < rnd.clock and sender not in rnd.answered:
+            # A straggler in an older round: answered alone, so it hears this round's clock. A
+            # candidate at this clock has our broadcast already (a newcomer gets one on its join
+            # event); re-broadcasting to every new candidate cost N x N broadcasts a failover (N^3
+            # deliveries: 32 nodes on two cores heard half the campaigns within the round).
             rnd.answered.add(sender)
-            self._queue("campaign")  # so a newcomer (or a straggler) hears us in this round
+            self._answer.add(sender)
 
     def _on_announce(self, msg: ElectionMessage, now: float) -> None:
         sender = msg.node_id
