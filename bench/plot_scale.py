@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import plots  # noqa: E402
+from suite import plots
 
 
 def series(results: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
