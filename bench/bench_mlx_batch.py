@@ -5,7 +5,9 @@
 One single-rank session of SmolLM2-135M (the engine's own load(), in this process, as a runner
 holds it) answers the same fresh prompts greedily: first one request at a time, then ``streams``
 requests sent together (they step in one batch, see engine-mlx's batcher.py). Aggregate tok/s is
-completion tokens over wall time; the ratio is the batched figure over the single one. Rounds
+completion tokens over wall time; the ratio is the batched figure over the single one. Each round
+also measures mlx-lm alone (``BatchGenerator`` with the prompts at once against ``stream_generate``
+one at a time): the library's own ratio on this machine, the ceiling for the session's. Rounds
 alternate the two so a change in the machine's load hits both; the machine's load average is
 reported with them (on a few shared cores the ratio moves with it).
 """
@@ -62,6 +64,31 @@ def together(session: Any, prompts: list[str], tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - started)
 
 
+def library_alone(folder: Path, prompts: list[str], tokens: int) -> float:
+    """mlx-lm with no session: `BatchGenerator` with every prompt at once over `stream_generate` one at
+    a time (greedy): the library's own ratio on this machine, the ceiling for the session's."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = load(str(folder))
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts]
+    greedy = make_sampler(temp=0.0)
+    started, produced = time.perf_counter(), 0
+    for prompt in ids:
+        produced += sum(1 for _ in stream_generate(model, tokenizer, prompt, max_tokens=tokens, sampler=greedy))
+    one_at_a_time = produced / (time.perf_counter() - started)
+    generator = BatchGenerator(model, max_tokens=tokens, completion_batch_size=8, prefill_batch_size=8)
+    started, produced, finished = time.perf_counter(), 0, 0
+    generator.insert(ids, max_tokens=[tokens] * len(ids))
+    while finished < len(ids):
+        _, responses = generator.next()
+        produced += len(responses)
+        finished += sum(1 for r in responses if r.finish_reason is not None)
+    generator.close()
+    return produced / (time.perf_counter() - started) / one_at_a_time
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=48)
@@ -82,12 +109,14 @@ def main() -> None:
     one(session, "warm up", 4)
     single: list[float] = []
     batched: list[float] = []
+    library: list[float] = []
     loads: list[float] = []
     try:
         for _ in range(args.rounds):
             loads.append(os.getloadavg()[0])
             single.append(serial(session, prompts, args.tokens))
             batched.append(together(session, prompts, args.tokens))
+            library.append(library_alone(path.parent, prompts, args.tokens))
         widest = session.batcher.widest if session.batcher is not None else 1
     finally:
         session.close()
@@ -101,6 +130,10 @@ def main() -> None:
         "batched_tps": [round(v, 2) for v in batched],
         "ratios": [round(b / s, 2) for b, s in zip(batched, single, strict=True)],
         "ratio_median": round(statistics.median(b / s for b, s in zip(batched, single, strict=True)), 2),
+        "library_alone_ratios": [round(v, 2) for v in library],
+        "session_vs_library": round(
+            statistics.median(b / s for b, s in zip(batched, single, strict=True)) / statistics.median(library), 2
+        ),
         "widest_batch": widest,
         "load_average_1m": [round(v, 2) for v in loads],
     }
