@@ -26,8 +26,9 @@ Lifecycle. On start a node campaigns. Each round collects `campaign` messages fo
 `campaign_timeout_s`; then every node picks the best candidate it heard. The winner calls
 `on_change(itself)` and announces (`announce` every `heartbeat_s`); the others accept the master
 whose announcement they hear. Followers send `status` to the master every third of
-`master_timeout_s` (that is what support counts; one within the timeout is enough). A follower that hears nothing from its master for `master_timeout_s` reports
-`on_change(None)` and starts a round. During a membership round everyone keeps its current master;
+`master_timeout_s` (that is what support counts; one within the timeout is enough). A follower
+that hears nothing from its master for `master_timeout_s` reports `on_change(None)` and starts a
+round. During a membership round everyone keeps its current master;
 if the round re-elects it, nothing is reported.
 
 Split brain. A master that hears another master's announcement compares their
