@@ -249,7 +249,7 @@ class TextGenerationSession(Protocol):
         """Yield chunks; the last has a finish_reason. Stop soon after `cancelled()` is true."""
 
     def count_tokens(self, params: TextGenerationParams) -> int:
-        """The prompt's tokens as `generate` would see them (the runner's context check)."""
+        """The prompt's tokens for the runner's context check (an upper bound where it settles it)."""
 
 
 @runtime_checkable
