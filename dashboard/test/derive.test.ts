@@ -46,9 +46,9 @@ describe("nodes", () => {
 });
 
 describe("edges", () => {
-  it("links every pair of members when no session is missing", () => {
-    const s = state({ topology: { nodes: [B, A], missing: [] } });
-    expect(edges(s)).toEqual([{ a: A, b: B, kinds: [], bidirectional: true }]);
+  it("links every pair of members when no session is missing, labelled with their transports", () => {
+    const s = state({ topology: { nodes: [B, A], missing: [] }, nodeResources: { [A]: { dataTransport: "zenoh" }, [B]: { dataTransport: "zenoh" } } });
+    expect(edges(s)).toEqual([{ a: A, b: B, kinds: ["zenoh"], bidirectional: true }]);
   });
 
   it("makes a link one-way when one side reports it missing, and drops it when both do", () => {

@@ -122,15 +122,18 @@ export interface Edge {
 }
 
 /** Undirected links between members: State records only the sessions a node reports missing, so
- * every other pair is linked. One side missing: a one-way link; both sides: no link. */
+ * every other pair is linked. One side missing: a one-way link; both sides: no link. A link is
+ * labelled with the transports its two ends report (`nodeResources.dataTransport`). */
 export function edges(state: ClusterState): Edge[] {
   const missing = new Set(state.topology.missing.map((c) => `${c.source}|${c.sink}`));
   const nodes = [...new Set(state.topology.nodes)].sort();
+  const transport = (id: string) => state.nodeResources?.[id]?.dataTransport;
   const found: Edge[] = [];
   nodes.forEach((a, i) => {
     for (const b of nodes.slice(i + 1)) {
       const ab = missing.has(`${a}|${b}`), ba = missing.has(`${b}|${a}`);
-      if (!(ab && ba)) found.push({ a, b, kinds: [], bidirectional: !ab && !ba });
+      const kinds = [...new Set([transport(a), transport(b)].filter((k): k is string => Boolean(k)))];
+      if (!(ab && ba)) found.push({ a, b, kinds, bidirectional: !ab && !ba });
     }
   });
   return found;

@@ -34,7 +34,7 @@ from skulk_testing.conformance import PluginConformance
 
 class TestObservePlugin(PluginConformance):
     plugin_name = "observe"
-    hook_owners = ("api-control",)  # it implements register_api_routes
+    hook_owners = ("api-control", "master")  # it implements register_api_routes and check_command
 
 
 def _span(name: str, node: str, start: int, end: int | None = None, trace: str = "t1") -> Span:

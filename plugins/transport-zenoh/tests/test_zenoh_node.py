@@ -14,7 +14,7 @@ from zenoh_helpers import unique_version, wait_until
 def zenoh_profile(version: str, connect: list[str] | None = None) -> Profile:
     return Profile(
         name="zenoh-test",
-        plugins=("transport-zenoh",),
+        plugins=("transport-zenoh", "master"),  # the master role relays readings (each node leads itself here)
         planes=Planes(control="zenoh"),
         plugin_config={
             "transport-zenoh": {
