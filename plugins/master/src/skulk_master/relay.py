@@ -45,7 +45,6 @@ class TelemetryRelay:
         self._arrived = asyncio.Event()
         self._pending: dict[tuple[str, str, str], Any] = {}
         self._task: asyncio.Task[Any] | None = None
-        self.digests_sent = 0
 
     def attach(self) -> None:
         self.node.subscribe(Topic.READINGS, self._on_reading)
@@ -85,6 +84,5 @@ class TelemetryRelay:
                 continue
             try:  # past the kernel's routing: a digest goes to every node
                 await self.node.transports["telemetry"].publish(Topic.READINGS, codec.encode(digest))
-                self.digests_sent += 1
             except Exception:
                 log.warning("could not publish the telemetry digest", exc_info=True)
