@@ -178,8 +178,7 @@ class Node:
         self.master_id = master_id
         self._send_filter.reset()  # a new master (relay) gets every reading again
         self.submitter.master_changed(master_id)
-        if previous is not None:
-            # A new master starts a new session that cannot carry the old one's requests.
+        if previous is not None:  # a new master's session cannot carry the old one's requests
             self.streams.fail_all(f"the cluster master changed (was {previous}); please retry", code="master_changed")
         if master_id is not None and master_id != self.node_id:
             self.request_sync()
@@ -350,11 +349,10 @@ class Node:
                 if self._send_filter.due(reading):
                     await self.publish(Topic.READINGS, codec.encode(reading))
             await self._report_edges()
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            await self._send_filter.next_round(HEARTBEAT_INTERVAL_S)
 
-    def _on_reading(self, sender: str, payload: bytes) -> None:
-        if sender != self.node_id:
-            self.readings.put_encoded(sender, payload, self.node_id)
+    def _on_reading(self, sender: str, payload: bytes) -> None:  # our own, sent to us as master: put again
+        self.readings.put_encoded(sender, payload, self.node_id)
 
     # ---------------------------------------------------------------- membership
 

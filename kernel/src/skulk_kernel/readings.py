@@ -3,6 +3,8 @@ time stamped locally with a monotonic clock: freshness never trusts a sender's c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import platform
 import shutil
@@ -95,9 +97,16 @@ class SendFilter:
 
     def __init__(self) -> None:
         self._sent: dict[str, tuple[Any, float]] = {}
+        self._reset = asyncio.Event()
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # now, not next round: a new master must not judge members by old digests
         self._sent.clear()
+        self._reset.set()
+
+    async def next_round(self, interval_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reset.wait(), interval_s)
+        self._reset.clear()
 
     def due(self, reading: Any) -> bool:
         kind, now = type(reading).__name__, time.monotonic()
@@ -115,13 +124,8 @@ class SendFilter:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
     return platform.processor()
 
 

@@ -62,14 +62,23 @@ async def test_the_master_relays_a_round_in_one_digest_latest_per_node_and_kind(
     assert store.get(NodeIdentity, "c") is None
 
 
-async def test_a_follower_relays_nothing() -> None:
+async def test_a_follower_relays_nothing_but_holds_what_it_hears_in_case_it_leads() -> None:
     node = _Node("f", master=False)
     relay = TelemetryRelay(node, gap_s=0.05)  # type: ignore[arg-type]
     relay.attach()
     node.handlers[0]("a", codec.encode(NodeHeartbeat(node_id="a")))
     await asyncio.sleep(0.15)
-    await relay.stop()
     assert node.transports["telemetry"].published == []
+    # it was about to lead: a follower that heard the announcement first sent here; its next
+    # heartbeat, once this node leads, carries out both
+    node.is_master = True
+    node.handlers[0]("b", codec.encode(NodeHeartbeat(node_id="b")))
+    await asyncio.sleep(0.15)
+    await relay.stop()
+    [digest] = node.transports["telemetry"].published
+    store = ReadingStore()
+    store.put_encoded("f", digest, own_id="z")
+    assert store.nodes() == {"a", "b"}
 
 
 def test_a_digest_is_heard_from_any_master_but_never_overrides_our_own() -> None:
@@ -78,3 +87,47 @@ def test_a_digest_is_heard_from_any_master_but_never_overrides_our_own() -> None
     store = ReadingStore()
     store.put_encoded("x", digest, own_id="f")
     assert store.nodes() == {"a"}
+
+
+async def test_a_reset_send_filter_sends_at_once_not_next_round() -> None:
+    """A new master hears every follower's readings as soon as they hear of it (not up to a round later)."""
+    from skulk_kernel.readings import SendFilter
+
+    sent = SendFilter()
+    waited = asyncio.ensure_future(sent.next_round(30.0))
+    await asyncio.sleep(0.05)
+    assert not waited.done()
+    sent.reset()
+    await asyncio.wait_for(waited, 1.0)
+    start = asyncio.get_running_loop().time()
+    await sent.next_round(0.1)  # the wake is used up: the next round waits its interval
+    assert asyncio.get_running_loop().time() - start >= 0.09
+
+
+def test_a_new_master_judges_a_member_it_knows_only_from_digests_from_its_session_start() -> None:
+    """Followers address readings to the master: a new one knows them from its predecessor's digests,
+    so it must not prune a live member as silent (or unknown) before that member could send again;
+    a peer the transport saw leave keeps its true age and goes at once."""
+    import time
+
+    from skulk_master.plugin import MasterConfig
+    from skulk_master.sequencer import Master
+
+    class _Reader:
+        def __init__(self, ages: dict[str, float]) -> None:
+            self.ages = ages
+
+        def last_heard(self, node_id: str) -> float | None:
+            return self.ages.get(node_id)
+
+    node = _Node("m", master=True)
+    node.planners = {}  # type: ignore[attr-defined]
+    node.readings = _Reader({"stale": 40.0, "gone": 4.0})  # type: ignore[attr-defined]
+    master = Master(node, MasterConfig())  # type: ignore[arg-type]
+    master._session_began = time.monotonic() - 1.0
+    assert master._silence("unknown", reachable=True) < 2.0, "never heard: silent since the session began"
+    assert master._silence("stale", reachable=True) < 2.0, "an old digest's age is not this session's silence"
+    assert master._silence("gone", reachable=False) == 4.0, "the transport saw it leave: its true age"
+    assert master._silence("unknown", reachable=False) < 2.0
+    master._session_began = time.monotonic() - 35.0
+    assert master._silence("stale", reachable=True) > MasterConfig().node_timeout_s, "a whole timeout: pruned"

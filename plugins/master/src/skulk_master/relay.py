@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 GAP_S = 1.0  # at most one digest this often (half the kernel's 2 s heartbeat interval)
 MAX_PENDING = 32_768  # a ceiling whatever happens (4,096 nodes x 8 kinds)
+HOLD_S = 5.0  # what a node heard before it knew it leads is relayed if it becomes master within this
 
 _READING: TypeAdapter[Any] = TypeAdapter(Reading)
 
@@ -43,7 +45,7 @@ class TelemetryRelay:
         self.node = node
         self.gap_s = gap_s
         self._arrived = asyncio.Event()
-        self._pending: dict[tuple[str, str, str], Any] = {}
+        self._pending: dict[tuple[str, str, str], tuple[float, Any]] = {}  # key -> (arrived, reading)
         self._task: asyncio.Task[Any] | None = None
 
     def attach(self) -> None:
@@ -57,29 +59,31 @@ class TelemetryRelay:
                 await self._task
 
     def _on_reading(self, sender: str, payload: bytes) -> None:
-        if not self.node.is_master:
-            self._pending.clear()
-            return
+        """Kept even while this node is not (yet) master: a follower that heard the election's
+        announcement sends here before this node's own `set_master` has run, and sends a reading
+        again only when it changes (its heartbeats then wake the relay and carry it out)."""
         reading = codec.decode_union(payload, _READING)
         if isinstance(reading, ReadingDigest) or reading.node_id != sender:
             return  # our own digest coming back, or a node speaking for another
-        if len(self._pending) < MAX_PENDING:
-            self._pending[(sender, type(reading).__name__, getattr(reading, "model_id", ""))] = reading
+        key = (sender, type(reading).__name__, getattr(reading, "model_id", ""))
+        if key in self._pending or len(self._pending) < MAX_PENDING:
+            self._pending[key] = (time.monotonic(), reading)
             self._arrived.set()
 
     def take_digest(self) -> ReadingDigest | None:
-        if not self._pending:
-            return None
-        digest = ReadingDigest(node_id=self.node.node_id, readings=tuple(self._pending.values()))
+        """This round's readings, once each (what a non-master held past `HOLD_S` is dropped)."""
+        fresh = [r for at, r in self._pending.values() if time.monotonic() - at < HOLD_S]
         self._pending.clear()
-        return digest
+        return ReadingDigest(node_id=self.node.node_id, readings=tuple(fresh)) if fresh else None
 
     async def _loop(self) -> None:
         while True:
             await self._arrived.wait()
             await asyncio.sleep(self.gap_s)  # what arrives meanwhile leaves in the same digest
             self._arrived.clear()
-            digest = self.take_digest() if self.node.is_master else None
+            if not self.node.is_master:
+                continue  # held: this node may be about to lead (the next arrival wakes us)
+            digest = self.take_digest()
             if digest is None:
                 continue
             try:  # past the kernel's routing: a digest goes to every node

@@ -73,6 +73,7 @@ class Master:
         self.config = config
         self.state: State = State()
         self.active = False
+        self._session_began = time.monotonic()
         self._lock = asyncio.Lock()
         self._plan_task: asyncio.Task[Any] | None = None
         self._parked: dict[str, tuple[float, Request]] = {}
@@ -183,6 +184,7 @@ class Master:
         self._parked.clear()
         self._answered.clear()
         self.active = True
+        self._session_began = time.monotonic()
         log.info("master session begins at event %d", self.state.last_event_applied_idx)
         await self.carry_out(decide_session_start(self.state, self.view()), self.node.node_id)
         self._plan_task = self.node.spawn(self._plan_loop(), "master-plan")
@@ -333,8 +335,8 @@ class Master:
         for node_id in list(self.state.topology.nodes):
             if node_id == self.node.node_id:
                 continue
-            age = self.node.readings.last_heard(node_id)
-            if age is None or age > self.config.node_timeout_s:
+            age = self._silence(node_id, node_id in reachable)
+            if age > self.config.node_timeout_s:
                 await self.carry_out(decide_prune(self.state, node_id, age, self.view()), self.node.node_id)
             elif node_id not in reachable and age > departed_after:
                 # the transport saw it leave and its heartbeats stopped: gone, not merely slow
@@ -345,6 +347,21 @@ class Master:
         await self._expire_idle()
         if not self._defaults_placed:
             await self._place_defaults()
+
+    def _silence(self, node_id: str, reachable: bool) -> float:
+        """How long `node_id` has been silent, as far as this master session can judge.
+
+        Followers address their readings to the master, so a new master knows its members only
+        from its predecessor's digests (up to a round old when it died) until each follower has
+        heard the election and sent again: a member it has not heard from since its session began
+        counts as silent only since then. A peer the transport saw leave keeps its true age (it
+        is the old master, or a node that died with it): its work is re-placed at once.
+        """
+        since_session = time.monotonic() - self._session_began
+        age = self.node.readings.last_heard(node_id)
+        if age is None:
+            return since_session
+        return age if not reachable else min(age, since_session)
 
     async def _expire_idle(self) -> None:
         """Remove the on-demand instances idle past their keep_alive (keep_alive.py), and stale marks."""
