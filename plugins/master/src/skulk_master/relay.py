@@ -26,6 +26,7 @@ import logging
 import time
 from typing import Any
 
+import msgpack
 from pydantic import TypeAdapter
 from skulk_kernel.api import NodeSurface, Reading, ReadingDigest, Topic, codec
 
@@ -62,9 +63,12 @@ class TelemetryRelay:
         """Kept even while this node is not (yet) master: a follower that heard the election's
         announcement sends here before this node's own `set_master` has run, and sends a reading
         again only when it changes (its heartbeats then wake the relay and carry it out)."""
-        reading = codec.decode_union(payload, _READING)
-        if isinstance(reading, ReadingDigest) or reading.node_id != sender:
-            return  # our own digest coming back, or a node speaking for another
+        wire = msgpack.unpackb(payload, raw=False)
+        if not isinstance(wire, dict) or "ReadingDigest" in wire:
+            return  # a digest (every node hears them): the kernel's store takes it, not validated twice
+        reading = _READING.validate_python(wire)
+        if reading.node_id != sender:
+            return  # a node speaking for another
         key = (sender, type(reading).__name__, getattr(reading, "model_id", ""))
         if key in self._pending or len(self._pending) < MAX_PENDING:
             self._pending[key] = (time.monotonic(), reading)
