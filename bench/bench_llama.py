@@ -274,14 +274,19 @@ def main() -> None:
             rows = {}
             for n in levels:
                 node_runs, engine_runs = [], []
-                for _ in range(args.rounds):
-                    node_runs.append(level(node_url, MODEL, n, args.max_tokens))
-                    engine_runs.append(level(engine_url, MODEL, n, args.max_tokens))
+                for r in range(args.rounds):  # the order flips each round: neither side always goes first
+                    pair = [(node_runs, node_url), (engine_runs, engine_url)]
+                    for runs, url in pair if r % 2 == 0 else pair[::-1]:
+                        runs.append(level(url, MODEL, n, args.max_tokens))
+                pairs = [a["aggregate_tps"] / b["aggregate_tps"] for a, b in zip(node_runs, engine_runs, strict=True)]
                 rows[n] = {
                     "node_tps": best(node_runs, "aggregate_tps"),
                     "engine_tps": best(engine_runs, "aggregate_tps"),
                     "node_ttft_p50_s": best(node_runs, "ttft_p50_s"),
                     "engine_ttft_p50_s": best(engine_runs, "ttft_p50_s"),
+                    # each round's node against the engine run beside it: the box's drift cancels
+                    "node_vs_engine_per_round": [round(x, 3) for x in pairs],
+                    "node_vs_engine_median_of_rounds": statistics.median(pairs),
                 }
                 rows[n]["node_vs_engine"] = rows[n]["node_tps"] / rows[n]["engine_tps"]
                 print(n, json.dumps(rows[n]), flush=True)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import unittest.mock
 from typing import Any
 
 import pytest
 from skulk_engine_llamacpp.admission import TokenGate
 from skulk_engine_llamacpp.engine import LlamaSession
-from skulk_engine_llamacpp.prefill import FIRST_STEP, TAIL, PromptMemo, exact_steps, prefill_steps
+from skulk_engine_llamacpp.prefill import FIRST_STEP, MIN_STEP, TAIL, PromptMemo, exact_steps, prefill_steps
 from skulk_kernel.api import ChatMessage, PrefillProgressChunk, SamplingParams, TextGenerationParams, TokenChunk
 
 pytestmark = pytest.mark.timeout(300)
@@ -147,6 +148,33 @@ def test_steps_grow_to_the_measured_speed_and_leave_the_tail() -> None:
     done = list(prefill_steps(Fast(), list(range(20000))))
     assert done == sent and sent == sorted(sent) and sent[0] == FIRST_STEP
     assert sent[-1] <= 20000 - TAIL and max(b - a for a, b in itertools.pairwise(sent)) <= 4096
+
+
+def test_on_a_slow_box_steps_shrink_below_the_wide_floor_and_the_next_prompt_starts_narrow() -> None:
+    """A cancel waits one step: where 128 tokens take seconds (a loaded box: 40 tokens a second
+    here), steps go down towards MIN_STEP, and the next prompt's first step is sized from this
+    one's speed instead of starting at FIRST_STEP again."""
+    sent: list[int] = []
+    clock = [0.0]
+
+    class Loaded:
+        prefill_tps: float | None = None
+
+        def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            n = len(body["prompt"]) - (sent[-1] if sent else 0)
+            sent.append(len(body["prompt"]))
+            clock[0] += n / 40  # evaluating takes the step's tokens at 40 a second
+            return {"timings": {"prompt_n": n}}
+
+    server = Loaded()
+    with unittest.mock.patch("skulk_engine_llamacpp.prefill.time.monotonic", lambda: clock[0]):
+        list(prefill_steps(server, list(range(1000))))
+        steps = [b - a for a, b in itertools.pairwise([0, *sent])]
+        assert steps[0] == FIRST_STEP and set(steps[1:]) == {MIN_STEP}, steps  # 0.75 s is 30 tokens: the floor
+        assert server.prefill_tps == pytest.approx(40)
+        sent.clear()
+        list(prefill_steps(server, list(range(1000))))
+    assert sent[0] == MIN_STEP, "the next prompt starts at the pace the last one measured"
 
 
 def test_the_memo_keeps_the_newest() -> None:

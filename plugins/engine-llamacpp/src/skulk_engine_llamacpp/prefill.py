@@ -11,7 +11,11 @@ retries kept a short request from its first token for over 120 s. So a prompt lo
 finds all but its last step cached. Between steps the caller's cancel is checked, so an abandoned
 prompt stops within one step, and other requests' tasks enter llama.cpp's loop between steps instead
 of after the whole prompt. Each step is sized from the last one's measured speed to take about
-``STEP_TARGET_S`` (at least ``FIRST_STEP`` tokens).
+``STEP_TARGET_S``: at least ``FIRST_STEP`` tokens where the engine is fast enough for that to take
+at most twice the target (narrow steps prefill slower), else at least ``MIN_STEP``, so that on a
+slow or loaded box too a cancel waits about a second, not a 128-token step (measured in CI beside
+other model suites: 3 s a step, a short request 7 s late). The first step of a prompt is sized from
+the last prompt's speed on the same server.
 
 Why a memo: the runner counts a request's prompt to check the context and the token gate counts it
 again to reserve it; both come from one rendering and one tokenization (``PromptMemo``), which the
@@ -20,6 +24,7 @@ stepped prefill then sends as ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -33,6 +38,8 @@ STEP_MIN = 256
 #: 128 tokens prefilled at 0.74x of 512 here, 256 at 0.93x (Qwen 0.5B, CPU), so steps stay this wide
 #: even where that takes longer than ``STEP_TARGET_S``
 FIRST_STEP = 128
+#: the smallest step where even ``FIRST_STEP`` tokens would take over twice ``STEP_TARGET_S``
+MIN_STEP = 32
 #: the largest step, however fast the engine (a GPU evaluates thousands of tokens a second)
 STEP_MAX = 4096
 #: the wall time each step aims at: the bound on how long an abandoned prompt keeps evaluating
@@ -68,7 +75,8 @@ def prefill_steps(
     grid = max(1, grid)
     end = len(ids) - TAIL
     done = 0
-    step = max(grid, first_step - first_step % grid)
+    speed = getattr(server, "prefill_tps", None)  # the last prompt's, on this server: the box's pace now
+    step = _step(speed * target_s, grid) if speed else max(grid, first_step - first_step % grid)
     while end - done > step:
         upto = done + step
         started = time.monotonic()
@@ -76,9 +84,18 @@ def prefill_steps(
         took = max(time.monotonic() - started, 1e-3)
         evaluated = int((got.get("timings") or {}).get("prompt_n") or step)
         done = upto
-        wanted = int(min(STEP_MAX, max(FIRST_STEP, max(evaluated, 1) / took * target_s)))
-        step = max(grid, wanted - wanted % grid)
+        speed = max(evaluated, 1) / took
+        with contextlib.suppress(AttributeError):  # a server that cannot remember starts at first_step
+            server.prefill_tps = speed  # type: ignore[attr-defined]
+        step = _step(speed * target_s, grid)
         yield done
+
+
+def _step(wanted: float, grid: int) -> int:
+    """A step of about ``wanted`` tokens: wide where that costs little time, narrow where it would not."""
+    floor = FIRST_STEP if wanted * 2 >= FIRST_STEP else MIN_STEP
+    size = int(min(STEP_MAX, max(floor, wanted)))
+    return max(grid, size - size % grid)
 
 
 def exact_steps(server: StepServer, ids: Sequence[int], head: int, step: int) -> Iterator[int]:

@@ -210,6 +210,7 @@ class LlamaServer:
         self.request_timeout_s = request_timeout_s
         self.verbosity = verbosity
         self.n_ubatch = n_ubatch
+        self.prefill_tps: float | None = None  # the last stepped prompt's speed: prefill.py sizes steps by it
         self.n_batch = n_batch
         self.n_gpu_layers = n_gpu_layers
         #: a vision model's projector GGUF (vision.py): the server then takes image_url parts
