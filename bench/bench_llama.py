@@ -5,8 +5,9 @@
 * Throughput: N concurrent streams (fresh prompts: no prompt-cache hits) through the node's
   /v1/chat/completions (profile cpu-llamacpp, SmolLM2-135M Q4_1, 16 slots, 1 decode thread) against
   the same GGUF on a ``LlamaServer`` started here with the same settings (the engine alone), each
-  level alternated node / engine. Reported: aggregate completion tokens/s, node / engine and
-  node at N / node at 1.
+  level alternated node / engine, the order flipped each round. Reported: aggregate completion
+  tokens/s, node / engine (of the medians, and the median of the per-round ratios, which cancels the
+  box's drift) and node at N / node at 1.
 * Time to first token at 4 streams against 1 (median over the streams, through the node).
 * The node's own cost (first, and alone with --profile): CPU-milliseconds its Python spends per
   generated token at 1 and 4 streams (the node process and its runners' Python, llama.cpp's threads
