@@ -115,10 +115,17 @@ def gap_after(times: list[float], killed: float) -> float:
 def test_a_killed_node_mid_stream_the_client_gets_the_uninterrupted_answer(fabric: Fabric, api: str) -> None:
     fabric.replicas(2)
     baseline, _, _, baseline_used = streamed(fabric, api, None)
-    before = fabric.resumes()
-    text, times, killed, used = streamed(fabric, api, KILL_AFTER)
-    assert killed is not None
-    after = fabric.resumes()
+    for _attempt in range(3):
+        before = fabric.resumes()
+        text, times, killed, used = streamed(fabric, api, KILL_AFTER)
+        assert killed is not None
+        after = fabric.resumes()
+        if after["failures"] > before["failures"]:
+            break
+        # No stream failed: the serving node had sent its whole answer before the kill landed (a
+        # client reading 50 deltas behind on a loaded box). Not a resume to judge: again.
+        fabric.replicas(2)
+    assert after["failures"] == before["failures"] + 1, f"no kill landed mid-answer in 3 tries: {after}"
     assert after["resumed"] == before["resumed"] + 1, after
     prefix, done = text[: after["lastPrefixChars"]], after["lastPrefixTokens"]
     # what the client had when the node died is the uninterrupted answer's start, to the character
