@@ -362,8 +362,13 @@ class BullyElection:
 
     def _queue(self, kind: Kind, to_all: bool = False) -> None:
         """Send `kind` at the next flush; `to_all`: a step-down's status, which every node must hear."""
-        self._outbox[kind] = self._message(kind)
+        msg = self._outbox[kind] = self._message(kind)
         self._status_to_all = self._status_to_all or to_all
+        if kind == "campaign" and self.round is not None:
+            # A node ranks itself as the others will: by what it broadcast, not by what it knows by
+            # the round's end (events from a quicker winner arrive meanwhile; a node that counted
+            # them for itself alone outranked that winner, and at formation all three nodes won).
+            self.round.candidates[self.node_id] = (msg.seniority, msg.commands_seen)
 
     # ---------------------------------------------------------------- messages
 
@@ -528,7 +533,6 @@ class BullyElection:
         self.round = None
         self.last_round = rnd
         self._concluded_at = now
-        rnd.candidates[self.node_id] = (self._seniority(now), self._commands_seen())
         winner = rnd.winner()
         self.log.info(
             "election round %d: %d candidate(s), winner %s%s",
