@@ -36,7 +36,7 @@ from typing import Any, Protocol
 STEP_MIN = 256
 #: the first step's size, before any speed was measured, and the smallest step: a micro-batch of
 #: 128 tokens prefilled at 0.74x of 512 here, 256 at 0.93x (Qwen 0.5B, CPU), so steps stay this wide
-#: even where that takes longer than ``STEP_TARGET_S``
+#: wherever that takes at most twice ``STEP_TARGET_S`` (``MIN_STEP`` below it)
 FIRST_STEP = 128
 #: the smallest step where even ``FIRST_STEP`` tokens would take over twice ``STEP_TARGET_S``
 MIN_STEP = 32
