@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +81,23 @@ class Fabric:
             time.sleep(0.5)
         raise TimeoutError(f"no {n} ready replicas in {timeout}s: {self.ready_by_node()}")
 
-    def serving_node(self) -> str:
-        """The node running the one open generation (waits for its task to appear)."""
+    def serving_node(self, ended: Callable[[], bool] = lambda: False) -> str | None:
+        """The node running the one open generation (waits for its task to appear); None when the
+        request `ended` first (a short answer on a quick box can run between two polls of /state)."""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             state = self.api.state()
             tasks = open_tasks(state)
             if tasks:
                 return instance_nodes(state)[tasks[0]["instanceId"]][0]
+            if ended():
+                return None
             time.sleep(0.05)
         raise TimeoutError("no open task")
 
     def kill_serving(self) -> str:
         node_id = self.serving_node()
+        assert node_id is not None
         self.live_workers()[node_id].kill()
         return node_id
 
