@@ -140,6 +140,8 @@ def test_steps_grow_to_the_measured_speed_and_leave_the_tail() -> None:
     sent: list[int] = []
 
     class Fast:
+        prefill_tps: float | None = None
+
         def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
             sent.append(len(body["prompt"]))
             assert path == "/completion" and body["n_predict"] == 0 and body["cache_prompt"] is True
@@ -191,6 +193,8 @@ def test_steps_end_on_the_micro_batch_grid() -> None:
     sent: list[int] = []
 
     class Slow:
+        prefill_tps: float | None = None
+
         def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
             sent.append(len(body["prompt"]))
             return {"timings": {"prompt_n": 10}}  # far under a micro-batch per step

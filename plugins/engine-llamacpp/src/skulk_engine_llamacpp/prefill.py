@@ -24,7 +24,6 @@ stepped prefill then sends as ids.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -51,6 +50,10 @@ TAIL = 16
 class StepServer(Protocol):
     """What a stepped prefill needs from the server backend."""
 
+    #: the last stepped prompt's speed on this server (tokens/s): the next prompt's first step is
+    #: sized from it, so a loaded box starts narrow; None until one was measured
+    prefill_tps: float | None
+
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -75,7 +78,7 @@ def prefill_steps(
     grid = max(1, grid)
     end = len(ids) - TAIL
     done = 0
-    speed = getattr(server, "prefill_tps", None)  # the last prompt's, on this server: the box's pace now
+    speed = server.prefill_tps  # the last prompt's, on this server: the box's pace now
     step = _step(speed * target_s, grid) if speed else max(grid, first_step - first_step % grid)
     while end - done > step:
         upto = done + step
@@ -85,8 +88,7 @@ def prefill_steps(
         evaluated = int((got.get("timings") or {}).get("prompt_n") or step)
         done = upto
         speed = max(evaluated, 1) / took
-        with contextlib.suppress(AttributeError):  # a server that cannot remember starts at first_step
-            server.prefill_tps = speed  # type: ignore[attr-defined]
+        server.prefill_tps = speed
         step = _step(speed * target_s, grid)
         yield done
 
