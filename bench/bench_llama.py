@@ -18,6 +18,10 @@
   draft, as shipped (Q4_K_M) and requantized batch-exact (Q4_1); decode tok/s ratio, the
   acceptance rate and whether the greedy text is identical (skipped with --no-spec or if not
   provisioned).
+* Long-prompt prefill (first, and alone with --prefill): a fresh prompt of about 1,500 tokens
+  through the node, which evaluates a prompt over 256 tokens in timed steps a cancel can stop
+  between, against the engine alone evaluating it in one request (llama.cpp's default 512-token
+  micro-batch on both): prompt tokens/s, alternated, median of --prefill-rounds.
 * Prefill with batch-exact 32-token micro-batches against llama.cpp's default 512 (engine alone).
 * --burst: 32 streams of 256 tokens through the node (all must finish; the heavy version of
   tests/serving/test_llama_burst.py).
@@ -168,6 +172,39 @@ def node_added_ttft(node_url: str, engine_url: str, rounds: int) -> dict[str, fl
     }
 
 
+def long_prompt_s(url: str, words: int) -> tuple[float, int]:
+    """(seconds, prompt tokens) of one request with a fresh long prompt and a single output token."""
+    topic = " ".join(WORDS[(next(_counter) + i) % len(WORDS)] for i in range(words))
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"({uuid.uuid4().hex}) Make one sentence of: {topic}"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    started = time.perf_counter()
+    r = httpx.post(url, json=body, timeout=900)
+    r.raise_for_status()
+    return time.perf_counter() - started, int(r.json()["usage"]["prompt_tokens"])
+
+
+def long_prompt_prefill(node_url: str, engine_url: str, rounds: int, words: int = 1400) -> dict[str, Any]:
+    """Prompt tokens/s of a fresh long prompt through the node (stepped prefill) against the engine
+    alone (one request), alternated, the order flipped each round; median of the per-round ratios."""
+    node, engine = [], []
+    for r in range(rounds):
+        pair = [(node, node_url), (engine, engine_url)]
+        for runs, url in pair if r % 2 == 0 else pair[::-1]:
+            seconds, tokens = long_prompt_s(url, words)
+            runs.append(tokens / seconds)
+    return {
+        "prompt_tokens": long_prompt_s(engine_url, words)[1],
+        "node_prefill_tps": statistics.median(node),
+        "engine_prefill_tps": statistics.median(engine),
+        "node_vs_engine_per_round": [round(n / e, 3) for n, e in zip(node, engine, strict=True)],
+        "node_vs_engine_median_of_rounds": statistics.median(n / e for n, e in zip(node, engine, strict=True)),
+    }
+
+
 def best(results: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in results)
 
@@ -231,6 +268,8 @@ def main() -> None:
     ap.add_argument("--no-spec", action="store_true")
     ap.add_argument("--profile", action="store_true", help="only the node's CPU per 1,000 tokens and added TTFT")
     ap.add_argument("--ttft-rounds", type=int, default=20)
+    ap.add_argument("--prefill", action="store_true", help="only the long-prompt prefill, node against engine")
+    ap.add_argument("--prefill-rounds", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the node on a timeout
@@ -264,6 +303,11 @@ def main() -> None:
         with LlamaServer(gguf, n_parallel=16, n_threads=1) as engine:
             engine_url = engine.base_url + "/v1/chat/completions"
             stream_once(node_url, MODEL, 8), stream_once(engine_url, MODEL, 8)  # warm both
+            report["long_prompt_prefill"] = long_prompt_prefill(node_url, engine_url, args.prefill_rounds)
+            print("long-prompt prefill", json.dumps(report["long_prompt_prefill"]), flush=True)
+            save()
+            if args.prefill:
+                return
             report["node_cpu"] = {
                 str(n): node_cpu_per_ktok(node.pid(), node_url, n, args.max_tokens, max(2, 16 // n)) for n in (1, 4)
             }
