@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster.conftest import PROFILES, Cluster, instance_nodes  # noqa: E402
+from tests.cluster.conftest import PROFILES, Cluster, instance_nodes, lone_instance  # noqa: E402
 from tests.conftest import CHAT_MODEL, MODELS_DIR  # noqa: E402
 
 NODE_TIMEOUT_S = 30.0
@@ -66,21 +66,7 @@ def one_round(tmp: Path, control: str, departed_after_s: float) -> dict[str, Any
     profile = _profile(tmp / "profile.toml", control, departed_after_s)
     cluster = Cluster(tmp, profile, f"h{uuid.uuid4().hex[:10]}", {"SKULK_MODELS_DIR": str(MODELS_DIR)}, control)
     try:
-        a, b = cluster.start(), cluster.start()
-        master_id, _ = cluster.wait_agreed(90)
-        ids = {cluster.node_id(n): n for n in (a, b)}
-        host_id = master_id if control == "libp2p" else next(i for i in ids if i != master_id)
-        api_id = next(i for i in ids if i != host_id)
-        host, api = ids[host_id], ids[api_id]
-        t0 = time.monotonic()
-        placed = api.post("/place_instance", json={"model_id": CHAT_MODEL, "excluded_nodes": [api_id]})
-        placed.raise_for_status()
-        instance_id = placed.json()["instance_id"]
-        api.wait_until(lambda: instance_id in api.ready_instances(CHAT_MODEL), 300, "the instance ready")
-        load_s = time.monotonic() - t0
-        cluster.start()
-        cluster.wait_agreed(90)
-
+        host, host_id, api, instance_id, load_s = lone_instance(cluster, CHAT_MODEL, timeout=90)
         host.kill()
         killed = time.monotonic()
         replaced_s = answered_s = None

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from skulk_testing.nodes import NodeProcess, start_node
@@ -188,3 +188,34 @@ def instance_nodes(state: dict[str, Any]) -> dict[str, list[str]]:
         inst = next(iter(wrapped.values()))
         out[iid] = list(inst["shardAssignments"]["nodeToRunner"])
     return out
+
+
+class LoneInstance(NamedTuple):
+    host: NodeProcess  # the node the instance runs on
+    host_id: str
+    api: NodeProcess  # another node, excluded from the instance: where a client asks
+    instance_id: str
+    load_s: float  # placement to ready
+
+
+def lone_instance(cluster: Cluster, model_id: str, timeout: float = 60, load_timeout: float = 300) -> LoneInstance:
+    """A model's only instance on one of two nodes, then a third node that could take it over: the
+    setting of [scale]'s healing measurements. The host is the master on libp2p and the other node
+    on Zenoh (the two cases the issue measured); the instance is pinned there by excluding the API
+    node (the exclusion stays with the instance, so a re-placement goes to the third node)."""
+    a, b = cluster.start(), cluster.start()
+    master_id, _ = cluster.wait_agreed(timeout)
+    ids = {cluster.node_id(n): n for n in (a, b)}
+    host_id = master_id if cluster.control == "libp2p" else next(i for i in ids if i != master_id)
+    api_id = next(i for i in ids if i != host_id)
+    host, api = ids[host_id], ids[api_id]
+    t0 = time.monotonic()
+    placed = api.post("/place_instance", json={"model_id": model_id, "excluded_nodes": [api_id]})
+    assert placed.status_code == 200, placed.text
+    instance_id = placed.json()["instance_id"]
+    api.wait_until(lambda: instance_id in api.ready_instances(model_id), load_timeout, "the instance ready")
+    load_s = time.monotonic() - t0
+    assert instance_nodes(api.state())[instance_id] == [host_id]
+    cluster.start()
+    cluster.wait_agreed(timeout)
+    return LoneInstance(host, host_id, api, instance_id, load_s)

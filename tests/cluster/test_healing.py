@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import instance_nodes
+from .conftest import instance_nodes, lone_instance
 
 pytestmark = pytest.mark.slow
 
@@ -32,23 +32,7 @@ def chat(node, content: str, timeout: float = 10) -> httpx.Response:
 
 def test_kill_9_of_the_only_instances_host_heals_within_seconds(cluster_factory, control):
     cluster = cluster_factory(default_models=())  # node_timeout_s stays 30 s: healing must not wait for it
-    # Two nodes first: the instance is pinned to `host` by excluding `api` (the exclusion stays with
-    # the instance), then a third node joins that can take it over.
-    a, b = cluster.start(), cluster.start()
-    master_id, _ = cluster.wait_agreed(60)
-    ids = {cluster.node_id(n): n for n in (a, b)}
-    host_id = master_id if control == "libp2p" else next(i for i in ids if i != master_id)
-    api_id = next(i for i in ids if i != host_id)
-    host, api = ids[host_id], ids[api_id]
-    t0 = time.monotonic()
-    placed = api.post("/place_instance", json={"model_id": "skulk/echo", "excluded_nodes": [api_id]})
-    assert placed.status_code == 200, placed.text
-    instance_id = placed.json()["instance_id"]
-    api.wait_until(lambda: instance_id in api.ready_instances(), 60, "the instance ready")
-    load_s = time.monotonic() - t0
-    assert instance_nodes(api.state())[instance_id] == [host_id]
-    cluster.start()
-    cluster.wait_agreed(60)
+    host, host_id, api, instance_id, load_s = lone_instance(cluster, "skulk/echo")
 
     if control == "zenoh":
         # a node that stalls for a moment (under the transport's lease) keeps its place: no prune

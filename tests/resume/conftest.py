@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -19,6 +19,8 @@ from skulk_testing.nodes import NodeProcess
 
 from tests.cluster.conftest import PROFILE, Cluster, instance_nodes
 from tests.conftest import CHAT_MODEL
+
+T = TypeVar("T")
 
 
 def open_tasks(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,6 +105,23 @@ class Fabric:
 
     def resumes(self) -> dict[str, Any]:
         return self.api.get("/v1/diagnostics/node").json()["resumes"]
+
+    def resumed_once(self, attempt: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+        """`attempt` (a request whose serving node it kills midway) run until its kill lands while the
+        answer is still being generated, up to three times, and resumed once: its result and the
+        resume counters after it. On a loaded box the serving node can send its whole answer before
+        the kill lands (a client reading behind, a short answer between two polls): no stream failed,
+        so there is no resume to judge, and the attempt runs again on two fresh replicas."""
+        for _attempt in range(3):
+            before = self.resumes()
+            got = attempt()
+            after = self.resumes()
+            if after["failures"] > before["failures"]:
+                break
+            self.replicas(2)
+        assert after["failures"] == before["failures"] + 1, f"no kill landed mid-answer in 3 tries: {after}"
+        assert after["resumed"] == before["resumed"] + 1, after
+        return got, after
 
 
 def make_fabric(tmp: Path, models_dir: Path, *, affinity: bool = True) -> Fabric:
