@@ -471,15 +471,12 @@ class Node:
         """True once the node has been asked to stop (plugins must not start new work)."""
         return self._stop is not None and self._stop.is_set()
 
-    def request_stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-
     def fail(self, reason: str) -> None:
         """Stop the node with a non-zero exit: a required part (e.g. its HTTP port) is unusable."""
         log.error("the node cannot run: %s", reason)
         self.exit_code = 2
-        self.request_stop()
+        if self._stop is not None:
+            self._stop.set()
 
     async def run(self) -> None:
         """Start, serve until SIGINT/SIGTERM, stop cleanly."""

@@ -104,8 +104,11 @@ class SendFilter:
         self._reset.set()
 
     async def next_round(self, interval_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reset.wait(), interval_s)
+        wake = asyncio.ensure_future(self._reset.wait())
+        try:  # asyncio.wait: 3.11's wait_for returns a reset landing with a cancel and loses the cancel
+            await asyncio.wait((wake,), timeout=interval_s)
+        finally:
+            wake.cancel()
         self._reset.clear()
 
     def due(self, reading: Any) -> bool:
