@@ -36,7 +36,7 @@ def test_draft_model_keeps_greedy_text_and_reports_acceptance(qwen_pair: tuple[P
     from skulk_engine_llamacpp.server_backend import LlamaServer
 
     target, draft = qwen_pair
-    common = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 2, "n_ctx": 1024}
+    common = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1, "n_ctx": 1024}
     with LlamaServer(target, **common) as srv:
         plain = [run(srv, m, 60) for m in PROMPTS]
         assert srv.speculative_stats() == {"drafted": 0, "accepted": 0}
