@@ -190,14 +190,14 @@ def long_prompt_s(url: str, words: int) -> tuple[float, int]:
 def long_prompt_prefill(node_url: str, engine_url: str, rounds: int, words: int = 1400) -> dict[str, Any]:
     """Prompt tokens/s of a fresh long prompt through the node (stepped prefill) against the engine
     alone (one request), alternated, the order flipped each round; median of the per-round ratios."""
-    node, engine = [], []
+    node, engine, tokens = [], [], 0
     for r in range(rounds):
         pair = [(node, node_url), (engine, engine_url)]
         for runs, url in pair if r % 2 == 0 else pair[::-1]:
             seconds, tokens = long_prompt_s(url, words)
             runs.append(tokens / seconds)
     return {
-        "prompt_tokens": long_prompt_s(engine_url, words)[1],
+        "prompt_tokens": tokens,
         "node_prefill_tps": statistics.median(node),
         "engine_prefill_tps": statistics.median(engine),
         "node_vs_engine_per_round": [round(n / e, 3) for n, e in zip(node, engine, strict=True)],
