@@ -18,6 +18,7 @@ from skulk_engine_llamacpp.events import (
     Finish,
     TextDelta,
     ToolCallDelta,
+    Working,
 )
 from skulk_engine_llamacpp.server_backend import LlamaServer
 
@@ -106,10 +107,36 @@ def test_native_tool_call_deltas_are_assembled_into_whole_calls():
     )
     seen = request_json(server)
     assert seen["tools"] and seen["stream"] is True and "messages" in seen
+    assert evs.count(Working()) == 3  # each line of a call's tokens shows nothing yet: the engine's keep-alive
+    evs = [e for e in evs if not isinstance(e, Working)]
     assert evs[0] == TextDelta("Checking.", None)
     assert evs[1] == ToolCallDelta("abc", "get_weather", '{"city": "Paris"}')
     assert evs[2] == ToolCallDelta("def", "search", "{}")
     assert evs[3] == Finish("tool_calls", 11, 9)
+
+
+def test_a_long_tool_call_keeps_the_stream_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine turns the backend's Working events into an empty chunk at most every
+    QUEUE_KEEPALIVE_S: without them a tool call written for two minutes reads as a dead runner."""
+    from skulk_engine_llamacpp import engine
+    from skulk_kernel.api import ChatMessage, TextGenerationParams, TokenChunk, ToolCallChunk
+
+    clock = iter(range(0, 1000, 2))  # every read of the clock is two seconds on
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: float(next(clock)))
+
+    class Backend:
+        def chat(self, *args, **kwargs):
+            yield from [Working()] * 10
+            yield ToolCallDelta("c1", "search", "{}")
+            yield Finish("tool_calls", 3, 40)
+
+    params = TextGenerationParams(model_id="m", messages=(ChatMessage(role="user", content="x"),))
+    session = engine.LlamaSession(Backend(), None, "llama_server-cpu")  # type: ignore[arg-type]
+    chunks = list(session._generate("c1", params, lambda: False))
+    alive = [c for c in chunks if isinstance(c, TokenChunk)]
+    assert len(alive) == 3 and all(c.text == "" and c.finish_reason is None for c in alive)  # 20 s: one per 5 s
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert isinstance(chunks[-1], ToolCallChunk) and chunks[-1].calls[0].name == "search"
 
 
 def test_prompt_mode_uses_apply_template_and_completions():

@@ -42,7 +42,7 @@ from .accel import backend_tags as accel_tags
 from .admission import DEFAULT_MAX_TOKENS, TokenGate
 from .completion import PromptEcho, ScoringProgress, complete
 from .constraints import parse_tool_choice
-from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from .events import BackendError, ContextLengthExceeded, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Working
 from .plugin import LlamaCppConfig, llamacpp_config
 from .prefill import STEP_MIN
 from .vision import mmproj_path, with_images
@@ -277,6 +277,7 @@ class LlamaSession:
     ) -> Iterator[Chunk]:
         started = time.perf_counter()
         first_at: float | None = None
+        kept_alive = started
         try:
             events = (
                 self._completion(params, cancelled)
@@ -327,6 +328,11 @@ class LlamaSession:
                         token_ids=event.ids,
                     )
                     seq += 1
+                elif isinstance(event, Working):  # a long tool call: an empty chunk keeps the stream alive
+                    if (now := time.perf_counter()) - kept_alive >= QUEUE_KEEPALIVE_S:
+                        kept_alive = now
+                        yield TokenChunk(command_id=command_id, seq=seq, text="")
+                        seq += 1
                 elif isinstance(event, ToolCallDelta):
                     first_at = first_at or time.perf_counter()
                     calls.append(ToolCall(id=event.id, name=event.name, arguments=event.arguments_json))

@@ -71,7 +71,14 @@ class Finish:
     timings: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+@dataclass(frozen=True, slots=True)
+class Working:
+    """Tokens came that show nothing yet: a tool call's arguments, text a tool-call parser holds
+    back. The engine turns a run of these into a keep-alive now and then, so a long tool call is not
+    taken for a dead runner by the API node's idle timeout."""
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Working | Finish
 
 
 class BackendError(RuntimeError):

@@ -46,6 +46,7 @@ from .events import (
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
+    Working,
 )
 from .prefill import PromptMemo, exact_steps, prefill_steps
 from .reasoning import OPEN as THINK_OPEN
@@ -681,6 +682,7 @@ class LlamaServer:
                     usage = chunk["usage"]
                 if chunk.get("timings"):
                     timings = chunk["timings"]
+                quiet = False  # this line's tokens showed nothing (a tool call, held-back text)
                 for choice in chunk.get("choices") or ():
                     text = choice.get("text")
                     delta = choice.get("delta") or {}
@@ -706,15 +708,20 @@ class LlamaServer:
                         slot["id"] = tc.get("id") or slot["id"]
                         slot["name"] += fn.get("name") or ""
                         slot["arguments"] += fn.get("arguments") or ""
+                        quiet = True
                     if parser is None:
                         if text or ids:  # a token whose UTF-8 is not complete yet: ids, no text
                             yield TextDelta(text or "", lps, ids)
                     elif text:
                         if lps:
                             pending_lp.extend(lps)
-                        yield from emit(parser.feed(text))
+                        items = parser.feed(text)
+                        quiet = quiet or not items
+                        yield from emit(items)
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]
+                if quiet:
+                    yield Working()
         finally:
             if key is not None:
                 self._watcher.remove(key)

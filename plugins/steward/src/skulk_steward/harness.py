@@ -8,7 +8,9 @@ node's own dispatch (`skulk_api_control.dispatch.start`), pinned to the steward 
 Every turn starts with a fresh `get_cluster_state` exchange supplied by the harness (the model
 cannot skip it), so even a small model answers from the live cluster rather than from its priors.
 Every tool step is streamed as reasoning (`TokenChunk(reasoning=True)`), which each API renders in
-its own reasoning shape, then the answer streams as content.
+its own reasoning shape, then the answer streams as content. A step's keep-alives (a long prompt's
+progress, the empty chunks of a tool call being written) reach the client's stream too: on a busy
+node a step may show nothing for minutes, and the API node abandons a stream silent for two.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from skulk_kernel.api import (
     CommandId,
     ErrorChunk,
     NodeSurface,
+    PrefillProgressChunk,
     SamplingParams,
     TextGeneration,
     TextGenerationParams,
@@ -157,6 +160,10 @@ async def _loop(
                     else:
                         text.append(chunk.text)
                         await outer.send(TokenChunk, text=chunk.text)
+                elif isinstance(chunk, PrefillProgressChunk):  # a long prompt read: the client's wait goes on
+                    await outer.send(PrefillProgressChunk, processed=chunk.processed, total=chunk.total)
+                elif isinstance(chunk, TokenChunk) and chunk.finish_reason is None:  # a tool call being written
+                    await outer.send(TokenChunk, text="")
                 if chunk.usage is not None:
                     usage[0] += chunk.usage.prompt_tokens
                     usage[1] += chunk.usage.completion_tokens
