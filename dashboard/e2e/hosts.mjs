@@ -155,7 +155,7 @@ const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
 page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
-page.setDefaultTimeout(20_000);
+page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 let failed = null;
 try {
   await operator(page);

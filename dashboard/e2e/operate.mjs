@@ -233,7 +233,7 @@ for (const [who, page] of [["A", a], ["B", b]]) {
   page.on("console", (m) => m.type() === "error" && !/401|Unauthorized/.test(m.text())
     && !(expected400 && /status of 400/.test(m.text())) && consoleErrors.push(`${who}: ${m.text()}`));
   page.on("pageerror", (e) => consoleErrors.push(`${who}: ${e}`));
-  page.setDefaultTimeout(20_000);
+  page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 }
 let failed = null;
 try {

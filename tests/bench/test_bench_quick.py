@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT_S = 58
+# a bound that catches a hang, not a speed target: alone the run takes 40 s, beside two model suites on
+# two cores it reached 58 s (the cluster section's seed took 16 s to start)
+LIMIT_S = 100
 SECTIONS = ("kernel", "serving", "concurrency", "coldstart", "cluster")
 NUMBER = (int, float)
 HARNESS_BUGS = (

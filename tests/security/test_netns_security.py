@@ -167,7 +167,7 @@ def test_without_the_secret_a_node_cannot_join_and_with_the_token_it_does(world:
         reasons = member.state()["nodeHealth"][member_id]["reasons"]
         return any("refused" in r["message"] and outsider_id in r["message"] for r in reasons)
 
-    member.wait_until(refused, 30, "the refusal in /state nodeHealth")
+    member.wait_until(refused, 60, "the refusal in /state nodeHealth")
     assert "REFUSED PEER" in member.log()
     time.sleep(2)
     assert outsider_id not in member.state()["topology"]["nodes"]
@@ -181,9 +181,9 @@ def test_without_the_secret_a_node_cannot_join_and_with_the_token_it_does(world:
     assert token.startswith("skulk1-")
     joiner = world["node"]("joiner", "stranger", *bootstrap, in_ns=True, env={"SKULK_JOIN_TOKEN": token}).wait_api(60)
     joiner_id = joiner.get("/node_id").json()
-    member.wait_until(lambda: joiner_id in member.state()["topology"]["nodes"], 30, "the joiner in the topology")
+    member.wait_until(lambda: joiner_id in member.state()["topology"]["nodes"], 60, "the joiner in the topology")
     joiner.wait_until(
-        lambda: member_instances <= set(joiner.state()["instances"]), 30, "the cluster's State on the joiner"
+        lambda: member_instances <= set(joiner.state()["instances"]), 60, "the cluster's State on the joiner"
     )
 
 

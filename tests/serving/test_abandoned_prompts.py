@@ -75,12 +75,14 @@ def test_abandoned_prompts_do_not_delay_the_next_request(qwen_node: NodeProcess)
     # The acceptance bound (2 s plus the request's own time) is the quiet box's: a cancel waits for
     # the prefill step in flight (sized to ~0.75 s at the last measured pace, prefill.py), and beside
     # other model suites on two cores the pace changes under it and every hop of the cancel is
-    # slower: up to ~2 s more. Before the stepping the wait was 20-80 s; either bound catches that.
+    # slower: a clean-clone CI run saw 9.5 s against 3.9 s alone. Loaded, the bound is twice the
+    # request's own time plus 6 s; before the stepping the wait was 20-80 s quiet (six 5,000-token
+    # prompts evaluated to their end), far more loaded: either bound catches that.
     # Its own time is measured before and after (nothing abandoned is left by then): beside other
     # suites the box's pace changes within the test, and one sample taken 30 s earlier misjudges it.
     own = max(alone, _first_token_s(client, f"Alan {uuid.uuid4().hex[:4]}"))
     loaded = os.getloadavg()[0] > (os.cpu_count() or 1)
-    bound = 2.0 + own + (2.0 if loaded else 0.0)
+    bound = 2.0 + own + (own + 4.0 if loaded else 0.0)
     print(f"first token {after:.2f}s after the abandoned prompts, {own:.2f}s alone ({alone:.2f}s before; {loaded=})")
     assert after < bound, f"first token {after:.2f}s after the abandoned prompts ({own:.2f}s alone, {loaded=})"
 

@@ -1,6 +1,6 @@
 """One model across several nodes, on MLX, through real node processes and the real SmolLM2.
 
-Three node processes on this host form a cluster over Zenoh. The same five prompts (64 greedy
+Three node processes on this host form a cluster over Zenoh. The same five prompts (40 greedy
 tokens each) are answered by a single-node instance, a 2-node and a 3-node pipeline, and (Qwen
 2.5 0.5B, whose 2 KV heads divide two ways) a 2-way tensor instance; the tokens must be equal.
 Each rank's runner must hold only its share (its RSS against the single-node runner's). A rank's
@@ -82,7 +82,7 @@ def place(
     return splits.place(node, model, timeout=timeout, min_nodes=min_nodes, sharding=sharding)
 
 
-def greedy_tokens(node: NodeProcess, model: str, prompts: tuple[str, ...], max_tokens: int = 64) -> list[list[str]]:
+def greedy_tokens(node: NodeProcess, model: str, prompts: tuple[str, ...], max_tokens: int = 40) -> list[list[str]]:
     out = []
     for prompt in prompts:
         r = node.post(

@@ -18,8 +18,7 @@ from skulk_engine_llamacpp.events import Finish, TextDelta
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
     [{"role": "user", "content": "List the planets of the solar system, one per line."}],
-    [{"role": "user", "content": "Explain how a hash map works, with an example in Go."}],
-]
+]  # two of 48 tokens each: three of 60 took CI seven minutes beside other model suites
 
 
 def run(server: Any, messages: list[dict[str, str]], n: int) -> tuple[str, Finish]:
@@ -38,10 +37,10 @@ def test_draft_model_keeps_greedy_text_and_reports_acceptance(qwen_pair: tuple[P
     target, draft = qwen_pair
     common = {"n_parallel": 1, "n_threads": 1, "n_threads_batch": 1, "n_ctx": 1024}
     with LlamaServer(target, **common) as srv:
-        plain = [run(srv, m, 60) for m in PROMPTS]
+        plain = [run(srv, m, 48) for m in PROMPTS]
         assert srv.speculative_stats() == {"drafted": 0, "accepted": 0}
     with LlamaServer(target, draft_model_path=draft, draft_max=4, **common) as srv:
-        spec = [run(srv, m, 60) for m in PROMPTS]
+        spec = [run(srv, m, 48) for m in PROMPTS]
         totals = srv.speculative_stats()
     for (p_text, p_fin), (s_text, s_fin) in zip(plain, spec, strict=True):
         assert p_text.strip() and s_text == p_text

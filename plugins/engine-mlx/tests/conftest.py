@@ -33,15 +33,6 @@ SMOLLM2_CARD = ModelCard(
     context_length=8192,
     compatible_backends=("mlx-cpu", "mlx-metal"),
 )
-QWEN05_CARD = ModelCard(
-    model_id="Qwen/Qwen2.5-Coder-0.5B-Instruct-MLX",
-    n_layers=24,
-    hidden_size=896,
-    num_key_value_heads=2,
-    supports_tensor=True,
-    context_length=32768,
-    compatible_backends=("mlx-cpu", "mlx-metal"),
-)
 
 
 @pytest.fixture(scope="session")
@@ -73,13 +64,6 @@ def smollm2_mlx(mlx_models_dir: Path) -> Path:
     from skulk_engine_mlx.models import provision_smollm2_mlx
 
     return _provisioned(mlx_models_dir / "smollm2", provision_smollm2_mlx, mlx_models_dir.parent / ".cache" / "wheels")
-
-
-@pytest.fixture(scope="session")
-def qwen05_mlx(mlx_models_dir: Path) -> Path:
-    from skulk_engine_mlx.models import provision_qwen05_mlx
-
-    return _provisioned(mlx_models_dir / "qwen05", provision_qwen05_mlx, mlx_models_dir.parent / ".cache" / "wheels")
 
 
 @pytest.fixture(scope="session")
