@@ -41,9 +41,9 @@ class ChunkStream:
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
         while not self.closed:
-            try:  # a chunk already queued is taken at once (wait_for costs a task per call)
-                q = self._queue
-                chunk = q.get_nowait() if q.qsize() else await asyncio.wait_for(q.get(), self.idle_timeout)
+            try:  # a queued chunk needs no timer; asyncio.timeout, unlike 3.11's wait_for, never drops a cancel
+                async with asyncio.timeout(None if self._queue.qsize() else self.idle_timeout):
+                    chunk = await self._queue.get()
             except TimeoutError:
                 self.closed = True
                 yield ErrorChunk(

@@ -74,8 +74,9 @@ class CallHandle:
         """Started, outputs, then exactly one End (a synthesized one if the provider went silent)."""
         while not self.ended:
             left = self._deadline - time.monotonic()
-            try:
-                frame = await asyncio.wait_for(self._frames.get(), max(left, 0.001))
+            try:  # asyncio.timeout: Python 3.11's wait_for can return a frame and drop a cancel with it
+                async with asyncio.timeout(max(left, 0.001)):
+                    frame = await self._frames.get()
             except TimeoutError:
                 frame = End(
                     call_id=self.call_id,
