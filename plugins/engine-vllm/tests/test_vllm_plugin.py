@@ -73,3 +73,28 @@ def test_tool_parser_per_family_and_card() -> None:
 def test_no_cuda_tag_without_an_nvidia_gpu() -> None:
     tags = VllmEngine().backend_tags({"gpus": []})
     assert "vllm-cuda" not in tags
+
+
+def test_a_count_on_a_connection_the_server_just_closed_is_asked_again() -> None:
+    """uvicorn closes an idle keep-alive connection after 5 s; a pooled one taken at that moment
+    fails with RemoteProtocolError before any answer. Counting is idempotent: the session asks once
+    more instead of failing the request with a 500 (seen in a CI run, right after a failover)."""
+    import httpx
+    import pytest
+    from skulk_engine_vllm.proxy import OpenAIServerSession, VllmCounter
+    from skulk_kernel.api import ChatMessage, TextGenerationParams
+
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) in (1, 3, 4):
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(200, json={"count": 7})
+
+    session = OpenAIServerSession("http://127.0.0.1:9", "m", tag="vllm-cpu", engine_label="vllm", counter=VllmCounter())
+    session.http = httpx.Client(base_url=session.base_url, transport=httpx.MockTransport(answer))
+    params = TextGenerationParams(model_id="m", messages=(ChatMessage(role="user", content="hi"),))
+    assert session.count_tokens(params) == 7 and calls == ["/tokenize", "/tokenize"]
+    with pytest.raises(httpx.RemoteProtocolError):  # twice in a row is not that race: the error stands
+        session.count_tokens(params)

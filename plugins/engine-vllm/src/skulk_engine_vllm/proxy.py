@@ -248,7 +248,12 @@ class OpenAIServerSession:
         self._close = close
         self.extra_body = extra_body or {}
         self.request_timeout_s = request_timeout_s
-        self.http = httpx.Client(base_url=base_url, timeout=httpx.Timeout(request_timeout_s, connect=10.0))
+        # the servers' uvicorn closes an idle connection after 5 s: the pool lets its own go first, so
+        # a request seldom takes one the server is closing (a CI run's 500 "Server disconnected")
+        limits = httpx.Limits(keepalive_expiry=2.0)
+        self.http = httpx.Client(
+            base_url=base_url, timeout=httpx.Timeout(request_timeout_s, connect=10.0), limits=limits
+        )
         self.watcher = CancelWatcher()
         split = httpx.URL(base_url)
         self._host, self._port = split.host, int(split.port or 80)
@@ -258,7 +263,10 @@ class OpenAIServerSession:
     def count_tokens(self, params: TextGenerationParams) -> int:
         if (gone := self.alive()) is not None:
             raise ServerGone(gone)
-        return self.counter.count(self.http, self.model, params)
+        try:
+            return self.counter.count(self.http, self.model, params)
+        except httpx.RemoteProtocolError:  # a pooled connection closed as it was taken; counting is idempotent
+            return self.counter.count(self.http, self.model, params)
 
     def embed(self, command_id: str, params: EmbeddingParams) -> Chunk:
         if (gone := self.alive()) is not None:
