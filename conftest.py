@@ -20,6 +20,11 @@ decides comes from a test's node id and its module's file:
   meanwhile, and the timing units go first, before the model suites load the machine. Four model
   suites at once starved each other here (an MLX rank group missed its 120 s formation deadline),
   and a loop-stall bound or a stop with a frozen peer missed its bound beside a model suite.
+* **Threads that sleep**: the OpenMP engines (llama.cpp's wheels and builds; torch under vLLM) wait
+  at each of the many barriers of a token by spinning; beside other suites on two cores a spinning
+  thread holds the core its partner needs (twenty streams on one llama.cpp server: 29 s beside three
+  busy processes, 12 s with ``OMP_WAIT_POLICY=PASSIVE``, 3.4 s quiet either way), so the suite sets
+  it for every process it starts unless the caller set it.
 * **Time report**: at the end, the time per folder (setup + call + teardown, summed over workers)
   and the slowest units, so a closing note can say where CI time goes.
 
@@ -97,6 +102,7 @@ TIMING_SUITES = (
     "tests/speech/test_voice_loop.py",  # a barge-in cancels the answer within 300 ms
 )
 CORES = 2  # the CI machine's: model units take one each, a timing unit takes all
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see "Threads that sleep" above
 
 
 @functools.cache
