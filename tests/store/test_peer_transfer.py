@@ -73,7 +73,10 @@ def test_model_crosses_the_hub_once(nodes: Nodes, smollm2_gguf: Path) -> None:
     status = _status(c)
     assert status["status"] == "installed", status
     sources = status["sources"]
-    assert set(sources) == {ids["a"], ids["b"]} and all(n > 0 for n in sources.values()), sources
+    # both asked at once; ranges go to whichever connection is free, so a source still connecting when
+    # the other has moved all 98 MB over loopback gets none (seen once beside the model suites). That
+    # the two share the work at wire speed is bench_store's proof (two sources 1.87-1.94x one).
+    assert set(sources) == {ids["a"], ids["b"]}, sources
     assert sum(sources.values()) == smollm2_gguf.stat().st_size
     assert _sha(_model_file(nodes, "c")) == want
     assert nodes.hub.repos[REPO].downloads == 1
