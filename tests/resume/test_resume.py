@@ -161,8 +161,10 @@ def test_a_non_streaming_response_survives_the_kill_with_usage_that_adds_up(fabr
         return "".join(c["text"] for o in r["output"] if o["type"] == "message" for c in o["content"])
 
     prefix, done = text(got)[: after["lastPrefixChars"]], after["lastPrefixTokens"]
+    # the kill lands at a time, not a token (the client sees nothing until the end): on a loaded box
+    # the dead node may have written most of the answer, so the survivor's share is only "some"
     assert 0 < done < TOKENS and prefix == text(baseline)[: len(prefix)]
-    assert len(text(got)) > len(prefix) + 100
+    assert len(text(got)) > len(prefix)
     assert text(got) == text(baseline), diverged(text(got), text(baseline))
     # usage adds up: the streamed ids the survivor was given count once, as output
     assert got["usage"]["output_tokens"] == baseline["usage"]["output_tokens"] == TOKENS
