@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from skulk_engine_vllm.engine import (
     MAX_CONTEXT,
     VllmEngine,
@@ -98,3 +99,31 @@ def test_a_count_on_a_connection_the_server_just_closed_is_asked_again() -> None
     assert session.count_tokens(params) == 7 and calls == ["/tokenize", "/tokenize"]
     with pytest.raises(httpx.RemoteProtocolError):  # twice in a row is not that race: the error stands
         session.count_tokens(params)
+
+
+def test_a_long_tool_call_keeps_the_stream_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tool-call fragments are joined silently until the end: the session sends an empty chunk at
+    most every KEEPALIVE_S of them, or a call written for two minutes reads as a dead runner."""
+    import io
+    import json
+
+    from skulk_engine_vllm import proxy
+    from skulk_kernel.api import TokenChunk, ToolCallChunk
+
+    clock = iter(range(0, 1000, 2))  # every read of the clock is two seconds on
+    monkeypatch.setattr(proxy.time, "perf_counter", lambda: float(next(clock)))
+
+    def line(delta: dict, finish: str | None = None) -> str:
+        return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+    fragment = {"tool_calls": [{"index": 0, "function": {"arguments": "x"}}]}
+    body = line({"content": "Checking."}) + line({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]})
+    body += line(fragment) * 10 + line({}, "tool_calls") + "data: [DONE]\n\n"
+    session = proxy.OpenAIServerSession(
+        "http://127.0.0.1:9", "m", tag="t", engine_label="vllm", counter=proxy.VllmCounter()
+    )
+    chunks = list(session._relay("c1", io.BytesIO(body.encode()), lambda: False, 0.0))  # type: ignore[arg-type]
+    alive = [c for c in chunks if isinstance(c, TokenChunk) and not c.text]
+    assert len(alive) == 3 and all(c.finish_reason is None for c in alive)  # 11 fragments 2 s apart: 3 x 6 s
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert isinstance(chunks[-1], ToolCallChunk) and chunks[-1].calls[0].arguments == "x" * 10

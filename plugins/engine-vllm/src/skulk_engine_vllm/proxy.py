@@ -9,7 +9,9 @@ Everything that is not a stream (tokenize, embeddings) goes through one pooled h
 
 Tool calls arrive as OpenAI ``delta.tool_calls`` fragments (the server's own tool parser did the
 parsing); they are joined per index and sent whole in the terminal :class:`ToolCallChunk`, as the
-wire checklist asks.
+wire checklist asks. While a call is being written nothing reaches the client, so the session sends
+an empty chunk every ``KEEPALIVE_S``: a call written for two minutes would otherwise read as a dead
+runner to the API node's idle timeout (120 s).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from skulk_kernel.api import (
 )
 
 CONTEXT_WORDS = ("maximum context length", "context length", "too long", "exceed")
+KEEPALIVE_S = 5.0
 
 
 class ServerGone(RuntimeError):
@@ -412,6 +415,7 @@ class OpenAIServerSession:
         usage: dict[str, Any] = {}
         calls: dict[int, dict[str, str]] = {}
         done = False
+        said = time.perf_counter()  # when the client last got a chunk
         while True:
             try:
                 raw = resp.readline()
@@ -457,6 +461,12 @@ class OpenAIServerSession:
                     seq += 1
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
+                if reasoning or text:
+                    said = time.perf_counter()
+                elif delta.get("tool_calls") and (now := time.perf_counter()) - said >= KEEPALIVE_S:
+                    said = now  # a call being written: an empty chunk keeps the stream alive
+                    yield TokenChunk(command_id=command_id, seq=seq, text="")
+                    seq += 1
             if cancelled():
                 break
         if not done and cancelled():
