@@ -1,6 +1,7 @@
 """llama.cpp serving under load: a Skulk node vs llama.cpp's server alone, measured in one run.
 
     python bench/bench_llama.py [--levels 1,4,16] [--max-tokens 64] [--burst] [--no-spec] [--profile] [--out DIR]
+                                [--node-env KEY=VALUE ...]
 
 * Throughput: N concurrent streams (fresh prompts: no prompt-cache hits) through the node's
   /v1/chat/completions (profile cpu-llamacpp, SmolLM2-135M Q4_1, 16 slots, 1 decode thread) against
@@ -271,6 +272,13 @@ def main() -> None:
     ap.add_argument("--prefill", action="store_true", help="only the long-prompt prefill, node against engine")
     ap.add_argument("--prefill-rounds", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument(
+        "--node-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the node's environment only (its runners inherit it), e.g. OMP_WAIT_POLICY=PASSIVE",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the node on a timeout
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -296,6 +304,8 @@ def main() -> None:
         (out / "llama.json").write_text(json.dumps(report, indent=2) + "\n")
 
     env = {"SKULK_MODELS_DIR": str(models_dir), "SKULK_NETWORK_VERSION": f"bench-llama-{uuid.uuid4().hex[:8]}"}
+    env.update(kv.split("=", 1) for kv in args.node_env)
+    report["node_env"] = args.node_env
     node = start_node("cpu-llamacpp", home=Path(tempfile.mkdtemp(prefix="bench-llama-")), env=env)
     try:
         node.wait_api(timeout=120).wait_ready(MODEL, timeout=600)
