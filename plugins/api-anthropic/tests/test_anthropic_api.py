@@ -105,6 +105,23 @@ def test_stream_true_raw_events(client: Anthropic) -> None:
     ]
 
 
+def test_an_engines_keep_alives_are_comments_the_sdk_ignores(node: NodeProcess, client: Anthropic) -> None:
+    """The engine's empty chunks (work that shows nothing yet) are `: keep-alive` comments after
+    message_start: bytes for a proxy's read timeout, never an event (the SDK sees the same stream)."""
+    body = {"model": ECHO, "max_tokens": 64, "stream": True, "messages": user("/working 3 a b")}
+    for stops in ([], ["zzz"]):  # stop sequences hold text back: keep-alives still pass
+        with httpx.stream(
+            "POST", node.url + "/v1/messages", json={**body, "stop_sequences": stops}, headers=HEADERS, timeout=20
+        ) as r:
+            lines = [line for line in r.iter_lines() if line]
+        started = lines.index("event: message_start")
+        assert lines[started:].count(": keep-alive") == 3, lines
+    events = list(client.messages.create(model=ECHO, max_tokens=64, messages=user("/working 3 a b"), stream=True))
+    assert [e.type for e in events][:2] == ["message_start", "content_block_start"]
+    with client.messages.stream(model=ECHO, max_tokens=64, messages=user("/working 3 a b")) as stream:
+        assert stream.get_final_text() == "a b"
+
+
 def test_sse_framing(node: NodeProcess) -> None:
     events = sse_events(node, {"model": ECHO, "max_tokens": 64, "stream": True, "messages": user("x y")})
     for name, data in events:

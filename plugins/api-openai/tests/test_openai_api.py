@@ -324,6 +324,38 @@ def test_raw_sse_framing(node: NodeProcess) -> None:
     assert all(line.startswith(("data: ", ": ")) for line in lines)
 
 
+WORKING = "/working 3 quiet then words"  # the echo engine: 3 empty keep-alive chunks, then the words
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", chat(WORKING, stream=True)),
+        ("/v1/responses", {"model": ECHO, "input": WORKING, "stream": True}),
+        ("/v1/completions", {"model": ECHO, "prompt": WORKING, "stream": True}),
+    ],
+    ids=["chat", "responses", "completions"],
+)
+def test_an_engines_keep_alives_reach_the_client_as_comments(
+    node: NodeProcess, client: OpenAI, path: str, body: dict[str, Any]
+) -> None:
+    """Work that shows nothing yet (a tool call being written) sends the engine's empty chunks: each
+    is a `: keep-alive` comment on the wire, so a proxy's read timeout sees bytes, and the SDK
+    ignores them (the stream parses to the same text)."""
+    lines = sse_lines(node, body, path)
+    started = next(i for i, line in enumerate(lines) if line.startswith(": command_id"))
+    assert lines[started:].count(": keep-alive") == 3, lines  # after the first chunk: the engine's own
+    if path == "/v1/chat/completions":
+        stream = client.chat.completions.create(model=ECHO, messages=body["messages"], stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "quiet then words"
+    elif path == "/v1/responses":
+        with client.responses.stream(model=ECHO, input=WORKING) as events:
+            assert events.get_final_response().output_text == "quiet then words"
+    else:
+        stream = client.completions.create(model=ECHO, prompt=WORKING, stream=True)
+        assert "quiet then words" in "".join(c.choices[0].text for c in stream if c.choices)
+
+
 # --- embeddings and models -----------------------------------------------------------------------
 
 

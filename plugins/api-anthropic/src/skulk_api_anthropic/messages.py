@@ -3,7 +3,8 @@
 Wire rules (reference/api-wire-checklist.md 2.0 X2/X6 and 2.4 A1-A7):
 
 * every SSE event is `event: <type>` + `data: {"type": "<type>", ...}` with the same name;
-* `message_start` first, with `content: []` and a `usage` object; `ping` only while waiting;
+* `message_start` first, with `content: []` and a `usage` object; `ping` only while waiting for the
+  first chunk, a `: keep-alive` comment for an engine's keep-alive after it (every client ignores it);
 * content blocks get dense indices from 0 in start order; each block is started with its empty
   field (`text: ""`, `thinking: ""` + `signature: ""`, tool_use `input: {}` and `caller`), gets its
   deltas, and is
@@ -30,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skulk_api_control import wire_common
-from skulk_api_control.wire_common import GENERATION_FAILED, StopWatch, error_status, token_counts, tool_arguments
+from skulk_api_control.wire_common import (
+    GENERATION_FAILED,
+    SSE_KEEPALIVE,
+    StopWatch,
+    error_status,
+    is_keepalive,
+    token_counts,
+    tool_arguments,
+)
 from skulk_kernel.api import Chunk, ErrorChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 ERROR_TYPES = {
@@ -304,6 +313,8 @@ class MessageStreamEncoder:
                 text = self.token(chunk)
                 if text:
                     yield text
+                elif is_keepalive(chunk):  # work that shows nothing yet: bytes for proxies, ignored by SDKs
+                    yield SSE_KEEPALIVE
             elif isinstance(chunk, ToolCallChunk):
                 yield self.tool_calls(chunk)
             if chunk.finish_reason is not None:

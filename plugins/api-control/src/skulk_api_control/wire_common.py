@@ -39,6 +39,7 @@ from skulk_kernel.api import (
 
 __all__ = [
     "GENERATION_FAILED",
+    "SSE_KEEPALIVE",
     "Collected",
     "CollectedEmbeddings",
     "StopWatch",
@@ -46,6 +47,7 @@ __all__ = [
     "collect_embeddings",
     "error_status",
     "failed_chunk",
+    "is_keepalive",
     "token_counts",
     "tool_arguments",
 ]
@@ -81,6 +83,24 @@ def token_counts(usage: Usage | None, counted: int) -> tuple[int, int]:
     if usage is None:
         return 0, counted
     return usage.prompt_tokens, usage.completion_tokens
+
+
+#: an SSE comment: every client ignores it (wire checklist X3), every proxy between sees bytes
+SSE_KEEPALIVE = ": keep-alive\n\n"
+
+
+def is_keepalive(chunk: Chunk) -> bool:
+    """An engine's keep-alive: an empty TokenChunk sent while work goes on that shows nothing yet (a
+    tool call being written, a request queued in the engine). SSE adapters pass it on as
+    `SSE_KEEPALIVE`, so a proxy's or client's read timeout (nginx's default is 60 s) does not cut a
+    stream the node knows is alive."""
+    return (
+        isinstance(chunk, TokenChunk)
+        and not chunk.text
+        and not chunk.logprobs
+        and not chunk.token_ids
+        and chunk.finish_reason is None
+    )
 
 
 def failed_chunk(chunk: Chunk) -> ErrorChunk:
@@ -190,7 +210,7 @@ class StopWatch:
                 keep = self._hold if chunk.finish_reason is None else 0
                 self._tail = text[len(text) - keep :] if keep and len(text) > keep else (text if keep else "")
                 out = text[: len(text) - len(self._tail)]
-                if out or chunk.finish_reason is not None or chunk.logprobs:
+                if out or chunk.finish_reason is not None or chunk.logprobs or is_keepalive(chunk):
                     yield chunk.model_copy(update={"text": out})
                 continue
             if self._tail and (chunk.finish_reason is not None or isinstance(chunk, ToolCallChunk)):

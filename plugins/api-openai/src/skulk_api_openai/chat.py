@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skulk_api_control import wire_common
-from skulk_api_control.wire_common import GENERATION_FAILED, token_counts
+from skulk_api_control.wire_common import GENERATION_FAILED, SSE_KEEPALIVE, is_keepalive, token_counts
 from skulk_kernel.api import (
     Chunk,
     ErrorChunk,
@@ -30,7 +30,7 @@ from skulk_kernel.api import (
 )
 
 DONE = "data: [DONE]\n\n"
-KEEPALIVE = ": keep-alive\n\n"
+KEEPALIVE = SSE_KEEPALIVE
 WIRE_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter"})
 
 
@@ -250,6 +250,8 @@ class ChatStreamEncoder:
             if isinstance(chunk, TokenChunk):
                 if chunk.text:
                     yield self.token(chunk)
+                elif is_keepalive(chunk):
+                    yield KEEPALIVE
             elif isinstance(chunk, ToolCallChunk):
                 line = self.tool_calls(chunk)
                 if line:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from skulk_api_control.adapter_routes import ErrorAnswers, answer, canonical_model, read_json, stream_body
 from skulk_api_control.dispatch import InferenceError, InferenceHandle
 from skulk_api_control.streaming import Dispatch
+from skulk_api_control.wire_common import is_keepalive
 from skulk_kernel.api import NodeSurface, PrefillProgressChunk, TextGenerationParams, resolve_card
 
 from . import completions
@@ -221,6 +222,9 @@ async def _events(
     async for index, chunk in handle.merged():
         if isinstance(chunk, PrefillProgressChunk):  # a long prompt being read or scored: keep the client's wait alive
             yield f": prefill_progress {chunk.processed}/{chunk.total}\n\n"
+            continue
+        if is_keepalive(chunk):  # work going on that shows nothing yet
+            yield KEEPALIVE
             continue
         choice = choices[index]
         added = choice.add(chunk)

@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from skulk_api_control.wire_common import GENERATION_FAILED, failed_chunk, token_counts
+from skulk_api_control.wire_common import GENERATION_FAILED, SSE_KEEPALIVE, failed_chunk, is_keepalive, token_counts
 from skulk_kernel.api import Chunk, ErrorChunk, PrefillProgressChunk, TokenChunk, ToolCall, ToolCallChunk, Usage
 
 from .chat import logprob_entry  # Responses logprobs have Chat's shape
@@ -343,7 +343,7 @@ class ResponsesEncoder:
     def chunk(self, chunk: Chunk) -> tuple[str, bool]:
         """The events for one chunk, and whether the response has ended."""
         if isinstance(chunk, TokenChunk):
-            out = self.token(chunk) if chunk.text else ""
+            out = self.token(chunk) if chunk.text else SSE_KEEPALIVE if self.emit and is_keepalive(chunk) else ""
         elif isinstance(chunk, ToolCallChunk):
             out = self.tool_calls(chunk.calls)
         elif isinstance(chunk, ErrorChunk):

@@ -7,6 +7,8 @@ and every API adapter can be tested fast and exactly. Special prompts exercise f
 * ``/tool NAME {json}``   -> one tool call to NAME with those arguments
 * ``/crash``              -> the runner process exits at once (supervisor tests)
 * ``/slow``               -> 50 ms between tokens (cancellation tests)
+* ``/working N TEXT``     -> N empty keep-alive chunks 20 ms apart (work that shows nothing yet,
+  like a tool call being written), then TEXT echoed (the adapters' keep-alive tests)
 * ``/hang``               -> never answers and ignores cancellation: a wedged engine (flight
   recorder tests); the runner stays stuck until its worker stops it
 
@@ -185,6 +187,12 @@ class EchoSession:
         if params.completion is not None and not params.completion.generate:
             yield self._final(command_id, seq, "length", n_prompt, 0, started)
             return
+        if last.startswith("/working "):
+            count, _, last = last.removeprefix("/working ").partition(" ")
+            for _ in range(min(int(count), 100) if count.isdigit() else 0):
+                time.sleep(0.02)
+                yield TokenChunk(command_id=command_id, seq=seq, text="")
+                seq += 1
         if last.startswith("/think "):
             thought, _, last = last.removeprefix("/think ").partition(" | ")
             if params.enable_thinking is not False:
