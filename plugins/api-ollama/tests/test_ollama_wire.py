@@ -253,6 +253,22 @@ def test_generate_ndjson_records() -> None:
     assert records[-1]["context"] and all(isinstance(t, int) for t in records[-1]["context"])
 
 
+def test_the_wait_ends_at_the_first_chunk_with_output() -> None:
+    """Keep-alives (work that shows nothing yet) are part of the wait, not of generation: without
+    engine timings, prompt_eval runs to the first token and eval from it."""
+    timing = wire.Timing()
+
+    async def chunks() -> AsyncIterator[Chunk]:
+        yield TokenChunk(command_id=CMD, seq=0, text="")  # a keep-alive at once
+        await asyncio.sleep(0.2)
+        yield TokenChunk(command_id=CMD, seq=1, text="Hi")
+        yield TokenChunk(command_id=CMD, seq=2, text="", finish_reason="stop")
+
+    got = asyncio.run(wire.collect(chunks(), timing))
+    body = wire.chat_body(got, model="m", timing=timing)
+    assert body["prompt_eval_duration"] >= 200_000_000 > body["eval_duration"], body
+
+
 def test_error_mid_stream_is_an_error_line() -> None:
     lines = _lines(
         "chat",

@@ -24,8 +24,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from skulk_api_control import wire_common
-from skulk_api_control.wire_common import GENERATION_FAILED, token_counts, tool_arguments
-from skulk_kernel.api import Chunk, ErrorChunk, GenerationStats, TokenChunk, ToolCall, ToolCallChunk, Usage
+from skulk_api_control.wire_common import GENERATION_FAILED, is_keepalive, token_counts, tool_arguments
+from skulk_kernel.api import (
+    Chunk,
+    ErrorChunk,
+    GenerationStats,
+    PrefillProgressChunk,
+    TokenChunk,
+    ToolCall,
+    ToolCallChunk,
+    Usage,
+)
 
 from . import context
 
@@ -63,8 +72,10 @@ class Timing:
     first_ns: int = 0
     end_ns: int = 0
 
-    def first(self) -> None:
-        self.first_ns = self.first_ns or time.perf_counter_ns()
+    def first(self, chunk: Chunk) -> None:
+        """The first chunk that carries output; keep-alives and a long prompt's progress are the wait."""
+        if not self.first_ns and not is_keepalive(chunk) and not isinstance(chunk, PrefillProgressChunk):
+            self.first_ns = time.perf_counter_ns()
 
     def end(self) -> None:
         self.end_ns = time.perf_counter_ns()
@@ -115,7 +126,7 @@ class Collected(wire_common.Collected):
 
 async def _timed(chunks: AsyncIterator[Chunk], timing: Timing) -> AsyncIterator[Chunk]:
     async for chunk in chunks:
-        timing.first()
+        timing.first(chunk)
         yield chunk
 
 
@@ -234,7 +245,7 @@ class StreamEncoder:
 
     async def lines(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         async for chunk in chunks:
-            self.timing.first()
+            self.timing.first(chunk)
             if isinstance(chunk, ErrorChunk):
                 yield line({"error": chunk.message})
                 return
