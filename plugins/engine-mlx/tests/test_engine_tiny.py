@@ -123,3 +123,33 @@ def test_quantized_kv_cache_option(tiny_model: Path, tiny_card: ModelCard) -> No
         assert type(quantized.stepper.cache[0]).__name__ == "QuantizedKVCache"
     finally:
         quantized.close()
+
+
+def test_tokens_that_show_nothing_yet_send_keep_alives(session: MlxSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool call's tokens are held until the call is whole: the session sends an empty chunk at
+    most every KEEPALIVE_S of them (here every step), so a long call does not read as a dead runner."""
+    from skulk_engine_mlx import session as session_module
+    from skulk_engine_mlx.textparse import Text
+
+    class Holding:  # holds every piece, as the router does inside a tool call
+        stopped = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.held = ""
+
+        def feed(self, piece: str) -> list[Any]:
+            self.held += piece
+            return []
+
+        def finish(self) -> list[Any]:
+            return [Text(self.held)]
+
+    params = ask(max_tokens=6, ignore_eos=True)
+    text, plain = run(session, params)
+    assert not [c for c in plain if isinstance(c, TokenChunk) and not c.text and c.finish_reason is None]
+    monkeypatch.setattr(session_module, "TextRouter", Holding)
+    monkeypatch.setattr(session_module, "KEEPALIVE_S", 0.0)
+    held_text, chunks = run(session, params)
+    alive = [c for c in chunks if isinstance(c, TokenChunk) and not c.text and c.finish_reason is None]
+    assert len(alive) == 6 and held_text == text  # one per step; the text comes whole at the end
+    assert [c.seq for c in chunks] == list(range(len(chunks)))

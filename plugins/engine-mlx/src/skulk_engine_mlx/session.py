@@ -41,6 +41,9 @@ from .stepper import Request, Stepper, StepResult
 from .textparse import Text, TextRouter
 
 log = logging.getLogger("skulk.engine_mlx")
+#: a tool call's tokens show nothing until the call is whole: an empty chunk this often keeps the
+#: stream from reading as a dead runner (the API node's idle timeout is 120 s)
+KEEPALIVE_S = 5.0
 
 
 @dataclass
@@ -255,7 +258,8 @@ class MlxSession:
         results = self._results(ids, request, limit, cancelled)
         try:
             result = next(results)
-            prefill_s = time.perf_counter() - started
+            said = time.perf_counter()  # when the client last got a chunk
+            prefill_s = said - started
             while True:
                 if result.cancelled:
                     reason = "cancelled"
@@ -277,6 +281,11 @@ class MlxSession:
                         yield self._text(command_id, seq, item, pending)
                         pending = []
                         seq += 1
+                        said = time.perf_counter()
+                if (now := time.perf_counter()) - said >= KEEPALIVE_S:  # tokens that show nothing yet
+                    said = now
+                    yield TokenChunk(command_id=command_id, seq=seq, text="")
+                    seq += 1
                 if router.stopped:
                     reason = "stop"
                     break
