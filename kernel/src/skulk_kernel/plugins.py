@@ -8,8 +8,10 @@ profile validation work on any OS without the heavy libraries some plugins need.
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -42,20 +44,16 @@ class PluginInfo:
     module: str
 
     def kernel_compatible(self, kernel_version: str) -> bool:
-        if not self.kernel_range:
-            return True
-        return Requirement(f"{KERNEL_DIST}{self.kernel_range}").specifier.contains(
-            Version(kernel_version), prereleases=True
-        )
+        spec = Requirement(f"{KERNEL_DIST}{self.kernel_range}").specifier if self.kernel_range else None
+        return spec is None or spec.contains(Version(kernel_version), prereleases=True)
 
 
+@cache  # the running code's version, read once (every heartbeat asks; a lookup scans the path)
 def kernel_version() -> str:
     try:
         return metadata.version(KERNEL_DIST)
     except metadata.PackageNotFoundError:  # running from a source tree without install
-        from . import __version__
-
-        return __version__
+        return importlib.import_module(".", __package__).__version__
 
 
 def _kernel_range(dist: metadata.Distribution) -> str:
