@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import threading
 import time
@@ -154,13 +155,13 @@ class RunnerSupervisor:
 
     def _read(self, loop: asyncio.AbstractEventLoop, process: Any, conn: Any) -> None:
         """Blocking reads on a thread; each batch of messages is handed to the event loop in order,
-        as one callback (not one per message: a token costs the loop no wake-up of its own)."""
+        as one callback (not one per message: a token costs the loop no wake-up of its own). It
+        sleeps until the pipe has a batch or the process has exited (its sentinel): an idle runner
+        costs no wake-ups."""
         while True:
             try:
-                if not conn.poll(0.25):
-                    if process.is_alive():
-                        continue
-                    raise EOFError
+                if conn not in multiprocessing.connection.wait([conn, process.sentinel]):
+                    raise EOFError  # exited, and nothing is left to read
                 batch = conn.recv()
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self._spawn_on_loop, self._on_exit(process))
