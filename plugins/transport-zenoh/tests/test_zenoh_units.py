@@ -95,3 +95,37 @@ def test_config_validation() -> None:
 def test_passwords_differ_per_version() -> None:
     assert version_password("1") != version_password("2")
     assert version_password("1") == version_password("1")
+
+
+def test_hello_asks_a_new_address_at_once_and_stops_at_once() -> None:
+    """The hello thread sleeps until its next probe (no polling), so an address added later must
+    wake it: past the first quick probes (one a second, five of them) the next one is a minute
+    away here, yet the new address is asked, and its version mismatch seen, at once."""
+    import socket
+    import threading
+    import time
+
+    from skulk_transport_zenoh.hello import HelloService
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mismatches: list[tuple[str, str]] = []
+    seen = threading.Event()
+    answering = HelloService("node-a", "v1", 60.0, lambda n, v, w: None, set)
+    asking = HelloService("node-b", "v2", 60.0, lambda n, v, w: (mismatches.append((n, v)), seen.set()), set)
+    answering.bind([port])
+    asking.bind([])
+    answering.start()
+    asking.start()
+    try:
+        time.sleep(4.6)  # the five quick probes (0.2 s, then every second) are done: the next is 60 s away
+        added = time.monotonic()
+        asking.add_static([("127.0.0.1", port)])
+        assert seen.wait(5), "the new address was not asked"
+        assert time.monotonic() - added < 1.0 and mismatches[0] == ("node-a", "v1")
+    finally:
+        stopping = time.monotonic()
+        asking.stop()
+        answering.stop()
+        assert time.monotonic() - stopping < 1.0  # a sleeping thread still stops at once

@@ -114,7 +114,7 @@ class HelloService:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._waker_r, self._waker_w = socket.socketpair()  # wakes select() on stop
+        self._waker_r, self._waker_w = socket.socketpair()  # wakes select(): a stop, an address to ask
         self._thread: threading.Thread | None = None
         self.bound_ports: list[int] = []
 
@@ -141,6 +141,8 @@ class HelloService:
                 if address not in self._static:
                     self._static.append(address)
         self._wake.set()
+        with contextlib.suppress(OSError):
+            self._waker_w.send(b"w")
 
     def scouted(self, zid: str, locators: Iterable[str]) -> None:
         """A Zenoh hello from scouting: remember where that peer listens."""
@@ -199,12 +201,18 @@ class HelloService:
                 # ask quickly at first (peers start together), then every interval
                 next_probe = now + (min(self.interval_s, 1.0) if probes < 5 else self.interval_s)
             try:
-                readable, _, _ = select.select([*self._sockets, self._waker_r], [], [], 0.1)
+                # asleep until the next probe, an answer, or a wake (no polling: an idle node rests)
+                wait = max(0.0, next_probe - time.monotonic())
+                readable, _, _ = select.select([*self._sockets, self._waker_r], [], [], wait)
             except (OSError, ValueError):
                 return  # sockets closed under us: stopping
             for sock in readable:
                 if sock is self._waker_r:
-                    return
+                    with contextlib.suppress(OSError):
+                        self._waker_r.recv(64)
+                    if self._stop.is_set():
+                        return
+                    continue
                 try:
                     data, address = sock.recvfrom(MAX_DATAGRAM + 1)
                 except OSError:
