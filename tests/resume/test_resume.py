@@ -122,7 +122,10 @@ def test_a_killed_node_mid_stream_the_client_gets_the_uninterrupted_answer(fabri
     assert KILL_AFTER <= done < TOKENS and prefix == baseline[: len(prefix)]
     # the rest continues it: the whole budget, counted once (usage adds up over both instances)
     assert baseline_used == used == TOKENS, (baseline_used, used)
-    assert len(text) > len(prefix) + 100 and not text[len(prefix) :].startswith(prefix[-40:])
+    # the survivor wrote the rest, without starting over; how much of it is the box's timing: the
+    # node runs ahead of a client that reads behind (the project's CI: 180 of 200 tokens sent
+    # when the client had read its 50th delta)
+    assert len(text) > len(prefix) and not text[len(prefix) :].startswith(prefix[-40:])
     # greedy, same model and engine build: the resumed answer is the uninterrupted one (the engine
     # continues from the streamed token ids, evaluated as exactly as the dead run had them)
     assert text == baseline, f"{api}: the resumed answer left the uninterrupted one at {diverged(text, baseline)}"
