@@ -82,9 +82,12 @@ async def test_sigstop_leaves_after_the_lease_and_sigcont_rejoins(make_transport
             f"{max(ticker_gaps) * 1000:.0f} ms"
         )
         assert left - stopped < LEASE_S + 1.5
-        # a put blocked on the frozen peer would stall the loop until the lease drops it (3 s); the bound
-        # leaves room for a box loaded by the parallel suite (0.77 s seen there), not for a blocked put
-        assert max(ticker_gaps) < 1.5, "a blocked put reached the event loop"
+        # a put blocked on the frozen peer would stall the loop until the lease drops it: from the
+        # first full queue (milliseconds in, at thousands of puts a second) to the leave, 3 s and more.
+        # The bound leaves room for a box loaded by the parallel suite (0.77 s seen there, 1.82 s once
+        # while a vLLM server loaded beside it; 17-29 ms alone or beside three busy processes), not
+        # for a blocked put
+        assert max(ticker_gaps) < LEASE_S - 0.5, "a blocked put reached the event loop"
         assert len(inbox.messages) == published  # own delivery never waits for the network
         resumed = time.monotonic()
         peer.signal(signal.SIGCONT)
