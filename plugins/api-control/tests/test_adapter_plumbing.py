@@ -133,3 +133,38 @@ def test_stream_body_reports_an_unexpected_failure_as_a_500() -> None:
         raise RuntimeError("boom")
 
     assert _body(broken) == "failed 500 internal error: RuntimeError"
+
+
+class _StartNode:
+    """Just what `dispatch.start` touches: the real stream router and a post that records."""
+
+    def __init__(self) -> None:
+        from skulk_kernel.streams import StreamRouter
+
+        self.streams = StreamRouter()
+        self.posted: list[Any] = []
+
+    async def post(self, command: Any) -> None:
+        self.posted.append(command)
+
+
+async def test_a_cancel_that_lands_with_the_first_chunk_cancels_the_start() -> None:
+    """A client that leaves in the tick its first chunk arrives must cancel the task, not start a
+    response nobody reads (Python 3.11's wait_for returned the chunk and dropped the cancel)."""
+    from skulk_api_control.dispatch import start
+    from skulk_kernel.api import ChatMessage, SamplingParams, TextGenerationParams
+    from skulk_kernel.commands import CancelTask, TextGeneration
+
+    node = _StartNode()
+    params = TextGenerationParams(
+        model_id="m", messages=(ChatMessage(role="user", content="hi"),), sampling=SamplingParams(max_tokens=4)
+    )
+    command = TextGeneration(command_id=CMD, owner_node_id="n1", params=params)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(start(node, command, observe=False))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)  # posted, waiting for the first chunk
+    node.streams.deliver(TokenChunk(command_id=CMD, seq=0, text="a"))
+    task.cancel()
+    done, _ = await asyncio.wait((task,), timeout=2.0)
+    assert done and task.cancelled(), "the cancel was lost: a response starts for a client that left"
+    assert [type(c) for c in node.posted] == [TextGeneration, CancelTask]
+    assert CMD not in node.streams.open_ids()

@@ -207,7 +207,8 @@ async def start(
         await node.post(command)
         if while_waiting is not None:
             beside = asyncio.ensure_future(while_waiting())
-        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
+        async with asyncio.timeout(FIRST_CHUNK_TIMEOUT_S):  # not wait_for: 3.11's can drop a cancel
+            first = await iterator.__anext__()
     except (TimeoutError, StopAsyncIteration):
         node.streams.close(command.command_id)
         await node.post(CancelTask(command_id=CommandId(new_id()), task_command_id=command.command_id))
@@ -268,7 +269,8 @@ async def _serve_here(node: NodeSurface, command: TextGeneration, server: ModelS
     iterator = stream.__aiter__()
     feeding = asyncio.ensure_future(server(command))
     try:
-        first = await asyncio.wait_for(iterator.__anext__(), FIRST_CHUNK_TIMEOUT_S)
+        async with asyncio.timeout(FIRST_CHUNK_TIMEOUT_S):
+            first = await iterator.__anext__()
     except (TimeoutError, StopAsyncIteration):
         feeding.cancel()
         node.streams.close(command.command_id)

@@ -87,7 +87,8 @@ class Hardening:
         size = 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), cfg.client_timeout_s)
+                async with asyncio.timeout(cfg.client_timeout_s):  # not wait_for: 3.11's can drop a cancel
+                    message = await receive()
             except TimeoutError:
                 await api_error(
                     path, 408, f"the request body did not arrive within {cfg.client_timeout_s:g} s", "request_timeout"
