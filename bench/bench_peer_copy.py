@@ -20,6 +20,10 @@ Two parts, each interleaved round by round (raw, then the copies), every figure 
   (`skulk_store.rangecopy.FileCopy`, SHA-256 included) in this process. Ratios: one source against
   a raw TCP copy from the same namespace through the same limit (`one_vs_raw`), and two sources
   (one per namespace) against one (`two_vs_one`). With `--rate-mbit 0` the links are unlimited.
+  With `--slow-mbit N` a third namespace sends at N mbit/s: the first source and that slow one
+  together against the first alone, with the copy's end-game (a range the slow member still holds
+  when nothing is left to hand out is fetched again from the fast one) and without it
+  (`uneven_vs_fast_alone`, `uneven_no_endgame_vs_fast_alone`).
 """
 
 from __future__ import annotations
@@ -205,12 +209,13 @@ def _last_copy_seconds(log: str) -> float | None:
 # ====================================================================== network namespaces
 
 
-def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path) -> dict[str, Any]:
+def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path, slow_mbit: int = 0) -> dict[str, Any]:
+    from skulk_store import rangecopy
     from skulk_store.rangecopy import FileCopy, RangeSource
     from skulk_testing.netns import Netns
 
     size = blob.stat().st_size
-    spaces = [Netns().up() for _ in range(2)]
+    spaces = [Netns().up() for _ in range(3 if slow_mbit else 2)]
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(ns: Netns, *argv: str) -> int:
@@ -223,11 +228,9 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path)
     served.mkdir()
     os.link(blob, served / NAME)
     try:
-        for ns in spaces:
-            if rate_mbit:
-                burst = max(rate_mbit * 1000 // 8 // 100, 1 << 20)  # 10 ms of the rate, at least 1 MB
-                cmd = f"tc qdisc add dev {ns.ns_if} root tbf rate {rate_mbit}mbit burst {burst} latency 50ms"
-                subprocess.run(ns.command(*cmd.split()), check=True, capture_output=True)
+        for ns, mbit in zip(spaces, [rate_mbit, rate_mbit, slow_mbit], strict=False):
+            if mbit:
+                _limit(ns, mbit)
         files = [
             spawn(ns, str(ROOT / "tests/store/peer_file_server.py"), str(served), TOKEN, "--host", ns.ns_ip)
             for ns in spaces
@@ -235,16 +238,21 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path)
         raw = spawn(spaces[0], __file__, "--serve-raw", str(blob), "--host", spaces[0].ns_ip)
         out: dict[str, list[float]] = {"raw": [], "one": [], "two": []}
 
-        def copy(n: int) -> float:
+        def copy(n: int, which: tuple[int, ...] = (), endgame: bool = True) -> float:
             part = tmp / "req" / f"{NAME}.part"
             sources = [
-                RangeSource(f"ns{i}", spaces[i].ns_ip, files[i], f"/files/m?file={NAME}", TOKEN) for i in range(n)
+                RangeSource(f"ns{i}", spaces[i].ns_ip, files[i], f"/files/m?file={NAME}", TOKEN)
+                for i in which or range(n)
             ]
-            began = time.perf_counter()
-            result = FileCopy(part, size, digest, sources).run()
-            took = time.perf_counter() - began
+            kept, rangecopy.STRAGGLER_MIN_S = rangecopy.STRAGGLER_MIN_S, rangecopy.STRAGGLER_MIN_S if endgame else 1e9
+            try:
+                began = time.perf_counter()
+                result = FileCopy(part, size, digest, sources).run()
+                took = time.perf_counter() - began
+            finally:
+                rangecopy.STRAGGLER_MIN_S = kept
             assert result.status == "ok", (result, [s.last_error for s in sources])
-            if n == 2:
+            if n == 2 and not which:
                 out.setdefault("two_split", []).append(min(result.received.values()) / size)  # type: ignore[arg-type]
             part.unlink()
             return took
@@ -253,6 +261,9 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path)
             out["raw"].append(raw_receive(spaces[0].ns_ip, raw, size, tmp / "raw.bin"))
             out["one"].append(copy(1))
             out["two"].append(copy(2))
+            if slow_mbit:  # the order of the two flips each round
+                for endgame in (True, False) if r % 2 == 0 else (False, True):
+                    out.setdefault("uneven" if endgame else "uneven_no_endgame", []).append(copy(2, (0, 2), endgame))
             print(
                 f"netns round {r} ({rate_mbit or 'unlimited'} mbit/s per source): "
                 + ", ".join(f"{k} {size / 1e6 / v[-1]:.0f} MB/s" for k, v in out.items() if k != "two_split"),
@@ -267,12 +278,21 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path)
     summary = _summary(size, out["raw"], {"one": out["one"], "two": out["two"]})
     one, two = statistics.median(out["one"]), statistics.median(out["two"])
     per_round = [round(o / t, 3) for o, t in zip(out["one"], out["two"], strict=True)]
-    return summary | {
-        "rate_mbit_per_source": rate_mbit,
-        "two_vs_one": round(one / two, 3),
-        "two_vs_one_per_round": per_round,
-        "runs_s": out,
+    uneven = {
+        f"{key}_vs_fast_alone": round(one / statistics.median(out[key]), 3)
+        for key in ("uneven", "uneven_no_endgame")
+        if key in out
     }
+    return (
+        summary
+        | {
+            "rate_mbit_per_source": rate_mbit,
+            "two_vs_one": round(one / two, 3),
+            "two_vs_one_per_round": per_round,
+            "runs_s": out,
+        }
+        | ({"slow_mbit": slow_mbit} | uneven if slow_mbit else {})
+    )
 
 
 # ====================================================================== nodes in network namespaces
@@ -461,6 +481,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate-mbit", type=int, default=800)
+    parser.add_argument("--slow-mbit", type=int, default=0, help="a third, slower member (netns part)")
     parser.add_argument("--skip-nodes", action="store_true")
     parser.add_argument("--skip-netns", action="store_true")
     parser.add_argument("--skip-nodes-netns", action="store_true")
@@ -482,7 +503,9 @@ def main() -> None:
             result["nodes"] = bench_nodes(blob, digest, args.rounds, Path(tmp) / "nodes")
         if not args.skip_netns:
             (Path(tmp) / "netns").mkdir()
-            result["netns"] = bench_netns(blob, digest, args.rounds, args.rate_mbit, Path(tmp) / "netns")
+            result["netns"] = bench_netns(
+                blob, digest, args.rounds, args.rate_mbit, Path(tmp) / "netns", args.slow_mbit
+            )
         if not args.skip_nodes_netns:
             (Path(tmp) / "nodes-netns").mkdir()
             result["nodes_netns"] = bench_nodes_netns(

@@ -1,5 +1,5 @@
 """The peer copy's data path between real processes: bytes equal, a bad digest refused, a copy
-resumed mid-file, and a source killed mid-copy replaced by the other.
+resumed mid-file, a source killed mid-copy replaced by the other, and a stalled one overtaken.
 
 Each holder is the store's own file server (`skulk_store.peer_files`) in a process of its own
 (`peer_file_server.py`), killed with SIGKILL where a test needs a member to die; the requester is
@@ -200,6 +200,27 @@ def test_a_source_killed_mid_copy_is_replaced_by_the_other(
     assert result.status == "ok", [s.last_error for s in sources]
     assert sources[0].broken and not sources[1].broken
     assert result.received["dying"] >= 2 << 20 and result.received["staying"] > SIZE // 2
+    assert part.read_bytes() == (folder / "w.bin").read_bytes()
+
+
+def test_a_stalled_source_does_not_hold_the_copys_end(
+    tmp_path: Path, holders: list[Holder], data: tuple[Path, str]
+) -> None:
+    """End-game: the member that stalls on its first two ranges (a 1 KB/s link) loses them to the
+    other, which fetches them again once it has nothing else to do and is cut off; without it the
+    copy waited for the stall's read timeout (30 s), range by range."""
+    folder, digest = data
+    stalled, fast = Holder(folder, rate=1e3), Holder(folder)
+    holders += [stalled, fast]
+    sources = [stalled.source("w.bin", "stalled"), fast.source("w.bin", "fast")]
+    part = tmp_path / "req" / "w.bin.part"
+    started = time.monotonic()
+    result = FileCopy(part, SIZE, digest, sources, range_bytes=RANGE, in_flight=2).run()
+    took = time.monotonic() - started
+    assert result.status == "ok", [s.last_error for s in sources]
+    assert took < 15, f"the copy waited {took:.1f} s for the stalled member"
+    assert result.raced >= 1 and result.received == {"stalled": 0, "fast": SIZE}, result
+    assert not sources[0].broken and not sources[0].failures, "losing the race is not a failure"
     assert part.read_bytes() == (folder / "w.bin").read_bytes()
 
 

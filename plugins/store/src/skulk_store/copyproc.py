@@ -60,7 +60,7 @@ def copy_in_child(copy: FileCopy) -> CopyResult:
                 copy.on_progress(copy.done_bytes)
             elif "result" in message:
                 r = message["result"]
-                result = CopyResult(r["status"], r["digest"], r["resumed_bytes"], r["received"])
+                result = CopyResult(r["status"], r["digest"], r["resumed_bytes"], r["received"], r["raced"])
                 by_id = {s.node_id: s for s in copy.sources}
                 for node_id, state in r["sources"].items():
                     src = by_id[node_id]
@@ -115,6 +115,7 @@ def _child() -> None:
                 "digest": r.digest,
                 "resumed_bytes": r.resumed_bytes,
                 "received": r.received,
+                "raced": r.raced,
                 "sources": {
                     s.node_id: {
                         "received": s.received,

@@ -20,6 +20,12 @@ What makes it run at the wire's speed rather than Python's:
   is ignored.
 * **A source that fails** (refused, closed, timed out) gives its range back to the others; after
   `MAX_FAILURES` it is dropped. An HTTP refusal (403: the token is no longer valid) drops it at once.
+* **End-game.** Once no range is left to hand out, a connection with nothing to do fetches again a
+  range that has been in flight on another member for several times a typical range's time: a slow
+  or stalled member no longer holds the copy's end (a stall would hold it `READ_TIMEOUT_S`). The
+  first to finish wins and the other is cut off. Both write into the same place in the file, so a
+  write is let in only while the range is unfinished, and the hash of a range waits until no write
+  into it is under way: nothing lands in a range after it was hashed.
 """
 
 from __future__ import annotations
@@ -55,10 +61,16 @@ MAX_FAILURES = 3
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 30.0
 RECORD_EVERY_S = 0.5
+STRAGGLER_FACTOR = 3.0  # in flight this many times the recent ranges' median: fetch it again
+STRAGGLER_MIN_S = 0.25
 
 
 class Refusal(Exception):
     """The source answered, but not with the range: a definitive no."""
+
+
+class Overtaken(Exception):
+    """Another member finished this range first (end-game): stop writing it; not a failure."""
 
 
 @dataclass
@@ -81,7 +93,8 @@ class CopyResult:
     status: Literal["ok", "mismatch", "incomplete"]
     digest: str = ""
     resumed_bytes: int = 0  # bytes a previous, interrupted copy had already written
-    received: dict[str, int] = field(default_factory=dict)  # node id -> bytes this copy received
+    received: dict[str, int] = field(default_factory=dict)  # node id -> bytes of the file it gave
+    raced: int = 0  # ranges fetched a second time from another member (end-game)
 
 
 class _Connection:
@@ -90,6 +103,8 @@ class _Connection:
     def __init__(self, src: RangeSource) -> None:
         self.src = src
         self.sock: socket.socket | None = None
+        self.since = 0.0  # when its current range was handed to it
+        self.cut_off = False  # its current range was finished by another connection
         self.pipe: tuple[int, int] | None = None
         if SPLICE:
             self.pipe = os.pipe()
@@ -108,6 +123,16 @@ class _Connection:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(self.pipe[1], F_SETPIPE_SZ, PIPE_BYTES)
 
+    def cut(self) -> None:
+        """From another thread: end a fetch blocked on this connection's socket (its range is done).
+        A fetch not yet connected sees `cut_off` once it is (flag first, socket second: one of the two
+        threads sees the other's write)."""
+        self.cut_off = True
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def release(self) -> None:
         self.close()
         if self.pipe is not None:
@@ -115,7 +140,11 @@ class _Connection:
                 os.close(end)
             self.pipe = None
 
-    def fetch(self, start: int, end: int, fd: int, buf: memoryview) -> int:
+    def fetch(
+        self, start: int, end: int, fd: int, buf: memoryview, writing: Callable[[], bool], wrote: Callable[[], None]
+    ) -> int:
+        """Range `start`-`end` into `fd`; each write into the file between `writing()` (False: the
+        range was finished by another member, raise `Overtaken`) and `wrote()`."""
         src = self.src
         if self.sock is None:
             self.sock = socket.create_connection((src.host, src.port), timeout=CONNECT_TIMEOUT_S)
@@ -127,6 +156,8 @@ class _Connection:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, stall)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = self.sock
+        if self.cut_off:
+            raise Overtaken
         sock.sendall(
             f"GET {src.target} HTTP/1.1\r\nHost: {src.host}:{src.port}\r\n"
             f"Authorization: Bearer {src.token}\r\nRange: bytes={start}-{end}\r\n\r\n".encode()
@@ -142,7 +173,12 @@ class _Connection:
             raise ConnectionError(f"asked bytes {start}-{end}, got {length} bytes ({headers.get('content-range')})")
         offset = start
         if extra:
-            _pwrite_all(fd, memoryview(extra), offset)
+            if not writing():
+                raise Overtaken
+            try:
+                _pwrite_all(fd, memoryview(extra), offset)
+            finally:
+                wrote()
             offset += len(extra)
         stop = end + 1
         while offset < stop:
@@ -153,10 +189,15 @@ class _Connection:
             if not n:
                 self.close()
                 raise ConnectionError(f"the source closed the connection {stop - offset} bytes before the range's end")
-            if self.pipe is not None:
-                self._drain(fd, n, offset)
-            else:
-                _pwrite_all(fd, buf[:n], offset)  # while the block is still in the CPU's cache
+            if not writing():
+                raise Overtaken
+            try:
+                if self.pipe is not None:
+                    self._drain(fd, n, offset)
+                else:
+                    _pwrite_all(fd, buf[:n], offset)  # while the block is still in the CPU's cache
+            finally:
+                wrote()
             offset += n
         if headers.get("connection", "").lower() == "close":
             self.close()
@@ -228,6 +269,10 @@ class FileCopy:
         self.done = bytearray(self.n)
         self.pending: deque[int] = deque()
         self.active = 0
+        self.fetching: dict[int, list[_Connection]] = {}  # range -> the connections fetching it
+        self.took: deque[float] = deque(maxlen=16)  # the last finished ranges' times
+        self.writers = [0] * self.n  # writes into each range under way
+        self.raced = 0
         self.done_bytes = 0
         self.cond = threading.Condition()
         self.stopped = False
@@ -267,26 +312,67 @@ class FileCopy:
 
     # ------------------------------------------------------------------ work
 
-    def _take(self, src: RangeSource) -> int | None:
+    def _take(self, conn: _Connection) -> int | None:
         with self.cond:
             while True:
-                if src.broken or self.stopped:
+                if conn.src.broken or self.stopped:
                     return None
+                raced = None if self.pending else self._straggler(conn.src)
                 if self.pending:
-                    self.active += 1
-                    return self.pending.popleft()
-                if not self.active:
+                    i = self.pending.popleft()
+                elif raced is not None:
+                    i = raced
+                    self.raced += 1
+                elif not self.active:
                     return None
-                self.cond.wait(0.5)
+                else:
+                    self.cond.wait(0.1 if self.fetching else 0.5)
+                    continue
+                self.active += 1
+                self.fetching.setdefault(i, []).append(conn)
+                conn.since, conn.cut_off = time.monotonic(), False
+                return i
 
-    def _finish(self, i: int, ok: bool) -> None:
+    def _straggler(self, src: RangeSource) -> int | None:
+        """The oldest range in flight on another member alone, for longer than several times the
+        recent ranges' median: the end-game's second fetch. None while there is none (call locked)."""
+        typical = sorted(self.took)[len(self.took) // 2] if self.took else STRAGGLER_MIN_S
+        late = time.monotonic() - max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * typical)
+        for i in sorted(self.fetching):
+            conns = self.fetching[i]
+            if len(conns) == 1 and conns[0].src is not src and conns[0].since <= late:
+                return i
+        return None
+
+    def _writing(self, i: int) -> bool:
+        with self.cond:
+            if self.done[i]:
+                return False
+            self.writers[i] += 1
+            return True
+
+    def _wrote(self, i: int) -> None:
+        with self.cond:
+            self.writers[i] -= 1
+            if not self.writers[i]:
+                self.cond.notify_all()
+
+    def _finish(self, i: int, conn: _Connection, got: int) -> None:
+        """`conn` is done with range `i`: `got` bytes (0: it failed or was overtaken)."""
         with self.cond:
             self.active -= 1
-            if ok:
+            others = self.fetching.pop(i, [])
+            others.remove(conn)
+            if others:
+                self.fetching[i] = others
+            if got and not self.done[i]:
                 self.done[i] = 1
-                start, end = self._bounds(i)
-                self.done_bytes += end - start + 1
-            else:
+                self.done_bytes += got
+                conn.src.received += got
+                self.took.append(time.monotonic() - conn.since)
+                for other in others:  # the end-game's loser, mid-range: cut off
+                    other.cut()
+            elif not got and not self.done[i] and not others:
                 self.pending.appendleft(i)  # next to be taken: the hash waits for it
             self.cond.notify_all()
 
@@ -294,24 +380,23 @@ class FileCopy:
         conn = _Connection(src)
         buf = memoryview(bytearray(RECV_BYTES))
         try:
-            while (i := self._take(src)) is not None:
+            while (i := self._take(conn)) is not None:
                 start, end = self._bounds(i)
                 try:
-                    got = conn.fetch(start, end, fd, buf)
+                    got = conn.fetch(start, end, fd, buf, lambda: self._writing(i), lambda: self._wrote(i))
                 except Exception as exc:
-                    conn.close()
+                    conn.close()  # the rest of the body is still coming: this connection is spent
                     with self.cond:
-                        src.failures += 1
-                        src.last_error = f"{type(exc).__name__}: {exc}"
-                        if isinstance(exc, Refusal) or src.failures >= MAX_FAILURES:
-                            if not src.broken:
-                                log.warning("dropping source %s: %s", src.node_id[:8], src.last_error)
-                            src.broken = True
-                    self._finish(i, False)
+                        if not self.done[i]:  # overtaken (or cut off) by the end-game is no failure
+                            src.failures += 1
+                            src.last_error = f"{type(exc).__name__}: {exc}"
+                            if isinstance(exc, Refusal) or src.failures >= MAX_FAILURES:
+                                if not src.broken:
+                                    log.warning("dropping source %s: %s", src.node_id[:8], src.last_error)
+                                src.broken = True
+                    self._finish(i, conn, 0)
                     continue
-                with self.cond:
-                    src.received += got
-                self._finish(i, True)
+                self._finish(i, conn, got)
         finally:
             conn.release()
 
@@ -328,7 +413,7 @@ class FileCopy:
             try:
                 for i in range(self.n):
                     with self.cond:
-                        while not self.done[i]:
+                        while not self.done[i] or self.writers[i]:  # a loser's last write included
                             if self.stopped:
                                 return
                             self.cond.wait(0.5)
@@ -389,9 +474,9 @@ class FileCopy:
             os.close(fd)
         received = {s.node_id: s.received for s in self.sources}
         if not complete or hash_error:
-            return CopyResult("incomplete", resumed_bytes=resumed, received=received)
+            return CopyResult("incomplete", resumed_bytes=resumed, received=received, raced=self.raced)
         if digest.hexdigest() != self.sha256:
             self.discard()
-            return CopyResult("mismatch", digest.hexdigest(), resumed, received)
+            return CopyResult("mismatch", digest.hexdigest(), resumed, received, self.raced)
         self.record.unlink(missing_ok=True)
-        return CopyResult("ok", digest.hexdigest(), resumed, received)
+        return CopyResult("ok", digest.hexdigest(), resumed, received, self.raced)
