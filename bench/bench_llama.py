@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import sys
@@ -68,10 +69,20 @@ def fresh_prompt() -> str:
     return f"({uuid.uuid4().hex[:6]}) Tell me about {WORDS[i % len(WORDS)]} and {WORDS[(i * 7 + 3) % len(WORDS)]}."
 
 
-def stream_once(url: str, model: str, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, float]:
+def twin_prompts() -> tuple[str, str]:
+    """Two prompts that differ only in a six-digit nonce (one token per digit in these models'
+    vocabularies): the same prefill work on both sides, neither found in the other's prompt cache."""
+    i, nonces = next(_counter), random.sample(range(10**5, 10**6), 2)
+    words = f"Tell me about {WORDS[i % len(WORDS)]} and {WORDS[(i * 7 + 3) % len(WORDS)]}."
+    return f"({nonces[0]}) {words}", f"({nonces[1]}) {words}"
+
+
+def stream_once(
+    url: str, model: str, max_tokens: int, extra: dict[str, Any] | None = None, prompt: str | None = None
+) -> dict[str, float]:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": fresh_prompt()}],
+        "messages": [{"role": "user", "content": prompt or fresh_prompt()}],
         "max_tokens": max_tokens,
         "temperature": 0.7,
         "stream": True,
@@ -159,12 +170,16 @@ def node_cpu_per_ktok(node_pid: int, url: str, streams: int, max_tokens: int, ro
 
 
 def node_added_ttft(node_url: str, engine_url: str, rounds: int) -> dict[str, float]:
-    """What the node adds to one stream's time to first token: node minus engine alone, alternated,
-    median of `rounds` pairs."""
+    """What the node adds to one stream's time to first token: node minus engine alone, alternated
+    (the order flipped each round), median of `rounds` pairs; each pair's prompts are twins (the
+    same length, so their prefill is the same work: fresh prompts of different lengths put tens of
+    milliseconds of prefill into the difference)."""
     node, engine = [], []
-    for _ in range(rounds):
-        node.append(stream_once(node_url, MODEL, 4)["ttft_s"])
-        engine.append(stream_once(engine_url, MODEL, 4)["ttft_s"])
+    for r in range(rounds):
+        ours, theirs = twin_prompts()
+        pair = [(node, node_url, ours), (engine, engine_url, theirs)]
+        for times, url, prompt in pair if r % 2 == 0 else pair[::-1]:
+            times.append(stream_once(url, MODEL, 4, prompt=prompt)["ttft_s"])
     return {
         "node_ttft_ms": 1000 * statistics.median(node),
         "engine_ttft_ms": 1000 * statistics.median(engine),
