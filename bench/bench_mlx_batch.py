@@ -89,6 +89,32 @@ def library_alone(folder: Path, prompts: list[str], tokens: int) -> float:
     return produced / (time.perf_counter() - started) / one_at_a_time
 
 
+def matmul_rows(dtypes: tuple[str, ...] = ("bfloat16", "float32", "float16"), reps: int = 100) -> dict[str, float]:
+    """What a batch can gain on this machine's MLX backend, below any model: the time of one of
+    SmolLM2's MLP matmuls (576 -> 1536) for 4 rows over 1 row, per dtype. Where a decode step is
+    bound by reading the weights (Apple silicon's GPU) 4 rows cost about what 1 does and a batch of
+    4 approaches 4x; where the backend's matmul is compute-bound, 4 rows cost up to 4x and batching
+    gains little. Returns dtype -> time(4 rows) / time(1 row)."""
+    import mlx.core as mx
+
+    out = {}
+    for name in dtypes:
+        dtype = getattr(mx, name)
+        weight = mx.random.normal((1536, 576)).astype(dtype)
+        took = []
+        for rows in (1, 4):
+            x = mx.random.normal((rows, 576)).astype(dtype)
+            mx.eval(weight, x)
+            for _ in range(5):
+                mx.eval(x @ weight.T)
+            started = time.perf_counter()
+            for _ in range(reps):
+                mx.eval(x @ weight.T)
+            took.append((time.perf_counter() - started) / reps)
+        out[name] = round(took[1] / took[0], 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=48)
@@ -135,6 +161,7 @@ def main() -> None:
             statistics.median(b / s for b, s in zip(batched, single, strict=True)) / statistics.median(library), 2
         ),
         "widest_batch": widest,
+        "matmul_4_rows_vs_1": matmul_rows(),
         "load_average_1m": [round(v, 2) for v in loads],
     }
     print(json.dumps(result, indent=1))
