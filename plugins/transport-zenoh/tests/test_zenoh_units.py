@@ -129,3 +129,45 @@ def test_hello_asks_a_new_address_at_once_and_stops_at_once() -> None:
         asking.stop()
         answering.stop()
         assert time.monotonic() - stopping < 1.0  # a sleeping thread still stops at once
+
+
+def test_a_send_lane_loses_no_wake_while_its_thread_sleeps_untimed() -> None:
+    """The lane's thread sleeps without a timeout between bursts (no wake-ups on an idle node), so
+    every message a producer offers while it goes idle must wake it: 3,000 messages in bursts with
+    pauses between, each delivered in order within the bound (a lost wake would stall to the end)."""
+    import random
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from skulk_kernel.api import Plane
+    from skulk_transport_zenoh.transport import _Lane
+
+    delivered: list[bytes] = []
+    done = threading.Event()
+
+    class _Publisher:
+        def put(self, frame: bytes) -> None:
+            delivered.append(frame)
+            if len(delivered) == 3000:
+                done.set()
+
+        def undeclare(self) -> None:
+            pass
+
+    session = SimpleNamespace(declare_publisher=lambda key, **_: _Publisher())
+    lane = _Lane(SimpleNamespace(_session=session), Plane.TELEMETRY, maxsize=10_000)  # type: ignore[arg-type]
+    lane.thread.start()
+    try:
+        for i in range(3000):
+            assert lane.offer(("k", str(i).encode()))
+            if random.random() < 0.05:
+                time.sleep(random.choice((0, 0.0001, 0.001)))  # let the thread drain and go idle
+        assert done.wait(5.0), f"a wake was lost: {len(delivered)} of 3000 delivered"
+        assert delivered == [str(i).encode() for i in range(3000)]
+        started = time.monotonic()
+        lane.stop()
+        lane.thread.join(2.0)
+        assert not lane.thread.is_alive() and time.monotonic() - started < 1.0
+    finally:
+        lane.stop()

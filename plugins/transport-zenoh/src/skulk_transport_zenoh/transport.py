@@ -153,7 +153,10 @@ class _Lane:
     """One plane's sender: a bounded FIFO drained into Zenoh puts by a dedicated thread.
 
     A deque plus an event that is only set when the thread is idle: the hot path costs an append,
-    not a lock and a notify per message (which halved throughput with queue.Queue).
+    not a lock and a notify per message (which halved throughput with queue.Queue). No wake is
+    lost, so the idle thread sleeps without a timeout: it says `idle` before it looks at the queue
+    and a producer appends before it looks at `idle`, so either the thread sees the item or the
+    producer sees `idle` and sets the event (`stop` sets it too, always before `abandon`).
     """
 
     def __init__(self, transport: ZenohTransport, plane: Plane, maxsize: int) -> None:
@@ -219,7 +222,7 @@ class _Lane:
                     self.idle = True
                     self.wakeup.clear()
                     if not items and not self.stopping:
-                        self.wakeup.wait(0.5)
+                        self.wakeup.wait()
                     self.idle = False
                     continue
                 try:
