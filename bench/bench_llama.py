@@ -117,10 +117,20 @@ def stream_once(
     }
 
 
-def level(url: str, model: str, n: int, max_tokens: int, extra: dict[str, Any] | None = None) -> dict[str, float]:
+def level(
+    url: str,
+    model: str,
+    n: int,
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+    prompts: list[str] | None = None,
+) -> dict[str, float]:
+    """`n` streams at once (fresh prompts, or `prompts`)."""
     with ThreadPoolExecutor(n) as pool:
         t0 = time.perf_counter()
-        runs = list(pool.map(lambda _: stream_once(url, model, max_tokens, extra), range(n)))
+        runs = list(
+            pool.map(lambda i: stream_once(url, model, max_tokens, extra, prompts[i] if prompts else None), range(n))
+        )
         wall = time.perf_counter() - t0
     return {
         "aggregate_tps": sum(r["tokens"] for r in runs) / wall,
@@ -345,9 +355,11 @@ def main() -> None:
             for n in levels:
                 node_runs, engine_runs = [], []
                 for r in range(args.rounds):  # the order flips each round: neither side always goes first
-                    pair = [(node_runs, node_url), (engine_runs, engine_url)]
-                    for runs, url in pair if r % 2 == 0 else pair[::-1]:
-                        runs.append(level(url, MODEL, n, args.max_tokens))
+                    twins = [twin_prompts() for _ in range(n)]  # the same prefill work on both sides
+                    ours, theirs = [t[0] for t in twins], [t[1] for t in twins]
+                    pair = [(node_runs, node_url, ours), (engine_runs, engine_url, theirs)]
+                    for runs, url, prompts in pair if r % 2 == 0 else pair[::-1]:
+                        runs.append(level(url, MODEL, n, args.max_tokens, prompts=prompts))
                 pairs = [a["aggregate_tps"] / b["aggregate_tps"] for a, b in zip(node_runs, engine_runs, strict=True)]
                 rows[n] = {
                     "node_tps": best(node_runs, "aggregate_tps"),
