@@ -210,7 +210,6 @@ def _last_copy_seconds(log: str) -> float | None:
 
 
 def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path, slow_mbit: int = 0) -> dict[str, Any]:
-    from skulk_store import rangecopy
     from skulk_store.rangecopy import FileCopy, RangeSource
     from skulk_testing.netns import Netns
 
@@ -238,32 +237,25 @@ def bench_netns(blob: Path, digest: str, rounds: int, rate_mbit: int, tmp: Path,
         raw = spawn(spaces[0], __file__, "--serve-raw", str(blob), "--host", spaces[0].ns_ip)
         out: dict[str, list[float]] = {"raw": [], "one": [], "two": []}
 
-        def copy(n: int, which: tuple[int, ...] = (), endgame: bool = True) -> float:
+        def copy(which: tuple[int, ...], endgame: bool = True) -> float:
             part = tmp / "req" / f"{NAME}.part"
-            sources = [
-                RangeSource(f"ns{i}", spaces[i].ns_ip, files[i], f"/files/m?file={NAME}", TOKEN)
-                for i in which or range(n)
-            ]
-            kept, rangecopy.STRAGGLER_MIN_S = rangecopy.STRAGGLER_MIN_S, rangecopy.STRAGGLER_MIN_S if endgame else 1e9
-            try:
-                began = time.perf_counter()
-                result = FileCopy(part, size, digest, sources).run()
-                took = time.perf_counter() - began
-            finally:
-                rangecopy.STRAGGLER_MIN_S = kept
+            sources = [RangeSource(f"ns{i}", spaces[i].ns_ip, files[i], f"/files/m?file={NAME}", TOKEN) for i in which]
+            began = time.perf_counter()
+            result = FileCopy(part, size, digest, sources, endgame=endgame).run()
+            took = time.perf_counter() - began
             assert result.status == "ok", (result, [s.last_error for s in sources])
-            if n == 2 and not which:
+            if which == (0, 1):
                 out.setdefault("two_split", []).append(min(result.received.values()) / size)  # type: ignore[arg-type]
             part.unlink()
             return took
 
         for r in range(rounds):
             out["raw"].append(raw_receive(spaces[0].ns_ip, raw, size, tmp / "raw.bin"))
-            out["one"].append(copy(1))
-            out["two"].append(copy(2))
+            out["one"].append(copy((0,)))
+            out["two"].append(copy((0, 1)))
             if slow_mbit:  # the order of the two flips each round
                 for endgame in (True, False) if r % 2 == 0 else (False, True):
-                    out.setdefault("uneven" if endgame else "uneven_no_endgame", []).append(copy(2, (0, 2), endgame))
+                    out.setdefault("uneven" if endgame else "uneven_no_endgame", []).append(copy((0, 2), endgame))
             print(
                 f"netns round {r} ({rate_mbit or 'unlimited'} mbit/s per source): "
                 + ", ".join(f"{k} {size / 1e6 / v[-1]:.0f} MB/s" for k, v in out.items() if k != "two_split"),

@@ -259,8 +259,10 @@ class FileCopy:
         on_progress: Callable[[int], None] | None = None,
         range_bytes: int = RANGE_BYTES,
         in_flight: int = IN_FLIGHT_PER_SOURCE,
+        endgame: bool = True,
     ) -> None:
         self.part, self.size, self.sha256 = part, size, sha256
+        self.endgame = endgame  # off only to measure what it is worth (bench_peer_copy.py)
         self.record = part.with_name(part.name + ".ranges")
         self.sources = sources
         self.on_progress = on_progress or (lambda done: None)
@@ -268,8 +270,7 @@ class FileCopy:
         self.n = -(-size // range_bytes)
         self.done = bytearray(self.n)
         self.pending: deque[int] = deque()
-        self.active = 0
-        self.fetching: dict[int, list[_Connection]] = {}  # range -> the connections fetching it
+        self.fetching: dict[int, list[_Connection]] = {}  # range in flight -> the connections fetching it
         self.took: deque[float] = deque(maxlen=16)  # the last finished ranges' times
         self.writers = [0] * self.n  # writes into each range under way
         self.raced = 0
@@ -317,18 +318,17 @@ class FileCopy:
             while True:
                 if conn.src.broken or self.stopped:
                     return None
-                raced = None if self.pending else self._straggler(conn.src)
+                raced = None if self.pending or not self.endgame else self._straggler(conn.src)
                 if self.pending:
                     i = self.pending.popleft()
                 elif raced is not None:
                     i = raced
                     self.raced += 1
-                elif not self.active:
+                elif not self.fetching:
                     return None
-                else:
-                    self.cond.wait(0.1 if self.fetching else 0.5)
+                else:  # a range in flight may fail (back to pending) or turn into a straggler
+                    self.cond.wait(0.1)
                     continue
-                self.active += 1
                 self.fetching.setdefault(i, []).append(conn)
                 conn.since, conn.cut_off = time.monotonic(), False
                 return i
@@ -360,7 +360,6 @@ class FileCopy:
     def _finish(self, i: int, conn: _Connection, got: int) -> None:
         """`conn` is done with range `i`: `got` bytes (0: it failed or was overtaken)."""
         with self.cond:
-            self.active -= 1
             others = self.fetching.pop(i, [])
             others.remove(conn)
             if others:
