@@ -56,6 +56,9 @@ HOST_MARK = ".skulk-store-host"
 REGISTRY_LIMIT = 512
 #: how long a worker follows a host's download without any progress before it gives up on the host
 HOST_STALL_S = 300.0
+#: how long a worker waits for a store host that is still a member but out of reach (a session lost
+#: for a moment on a loaded machine comes back within a second or two) before it goes to the hub
+HOST_RETURN_S = 10.0
 
 
 class HostEntry(BaseModel):
@@ -194,9 +197,24 @@ class HostStager:
         self.loop = loop
 
     def hosts(self) -> list[HostEntry]:
-        reachable = self.node.reachable_nodes()
-        hosts = sorted(store_hosts(self.node.state).items())
-        return [h for nid, h in hosts if nid in reachable and nid != self.node.node_id]
+        """The store hosts this node can reach now, waiting (bounded) for one that is a member of the
+        cluster but momentarily out of reach: falling through to the hub then would fetch from the
+        internet what the host exists to hold. A host the cluster has dropped is not waited for."""
+        known = {nid: h for nid, h in store_hosts(self.node.state).items() if nid != self.node.node_id}
+        deadline = time.monotonic() + HOST_RETURN_S
+        while True:
+            reachable = self.node.reachable_nodes()
+            found = [h for nid, h in sorted(known.items()) if nid in reachable]
+            members = set(self.node.state.topology.nodes)
+            if found or not (set(known) & members) or self.node.stopping or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if known and not found:
+            log.warning(
+                "no store host is reachable (%s): fetching from the peers or the hub instead",
+                ", ".join(nid[:8] for nid in sorted(known)),
+            )
+        return found
 
     def __call__(self, card: ModelCard, progress: Progress) -> Path | None:
         hosts = self.hosts()
@@ -215,7 +233,10 @@ class HostStager:
                 path = self._stage_locally(card, host)
                 if path is not None:
                     return path
-        return self._stage_by_peer_copy(card, holding, progress)
+        path = self._stage_by_peer_copy(card, holding, progress)
+        if path is None:
+            log.warning("could not stage %s from a store host: fetching from the peers or the hub", card.model_id)
+        return path
 
     def _wait_listed(self, host: HostEntry, model_id: str, timeout: float = 15.0) -> None:
         """The host has the model; a peer copy finds holders by their telemetry, which lists the new
@@ -299,32 +320,44 @@ class HostStager:
         import httpx
 
         urls = self.fetcher.api_urls(host.node_id)
-        for url in urls:
-            try:
-                path = f"/store/models/{model_id}/download"
-                answer = httpx.post(
-                    url + path, headers=_as_member(self.node, "POST", path), timeout=httpx.Timeout(10, connect=2)
-                )
-            except httpx.HTTPError:
-                continue
-            if answer.status_code != 200:
-                log.info("store host %s will not fetch %s: %s", host.node_id[:8], model_id, answer.text[:200])
-                return False
-            log.info("asked store host %s to fetch %s", host.node_id[:8], model_id)
-            return self._follow(url, model_id, progress)
+        path = f"/store/models/{model_id}/download"
+        deadline = time.monotonic() + HOST_RETURN_S
+        while not self.node.stopping:
+            for url in urls:
+                try:
+                    answer = httpx.post(
+                        url + path, headers=_as_member(self.node, "POST", path), timeout=httpx.Timeout(10, connect=2)
+                    )
+                except httpx.HTTPError as exc:
+                    log.info("store host %s at %s: %s", host.node_id[:8], url, exc or type(exc).__name__)
+                    continue
+                if answer.status_code != 200:
+                    log.info("store host %s will not fetch %s: %s", host.node_id[:8], model_id, answer.text[:200])
+                    return False
+                log.info("asked store host %s to fetch %s", host.node_id[:8], model_id)
+                return self._follow(url, model_id, progress)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        log.warning("could not ask store host %s to fetch %s (no answer at %s)", host.node_id[:8], model_id, urls)
         return False
 
     def _follow(self, url: str, model_id: str, progress: Progress) -> bool:
         import httpx
 
         last, last_change = -1, time.monotonic()
+        answered = time.monotonic()
+        path = f"/store/models/{model_id}/download"
         while not self.node.stopping:
             try:
-                path = f"/store/models/{model_id}/download"
                 status = httpx.get(url + path, headers=_as_member(self.node, "GET", path), timeout=10).json()
+                answered = time.monotonic()
             except (httpx.HTTPError, ValueError) as exc:
-                log.info("lost the store host while it fetched %s: %s", model_id, exc)
-                return False
+                if time.monotonic() - answered > HOST_RETURN_S:  # one missed answer is not a lost host
+                    log.info("lost the store host while it fetched %s: %s", model_id, exc)
+                    return False
+                time.sleep(1.0)
+                continue
             if status.get("status") == "installed":
                 return True
             if status.get("status") in ("failed", "cancelled", "absent"):
