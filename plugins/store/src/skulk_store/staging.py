@@ -319,10 +319,11 @@ class HostStager:
         """The host downloads the model (peers, then the hub); the worker follows its progress."""
         import httpx
 
-        urls = self.fetcher.api_urls(host.node_id)
         path = f"/store/models/{model_id}/download"
         deadline = time.monotonic() + HOST_RETURN_S
+        urls: list[str] = []
         while not self.node.stopping:
+            urls = self.fetcher.api_urls(host.node_id)  # read again each pass: its telemetry may be late
             for url in urls:
                 try:
                     answer = httpx.post(
