@@ -25,3 +25,10 @@ export async function openBrowser(extraArgs = []) {
   };
   return { context, close };
 }
+
+/** A console message as a failure report wants it: Chrome's "Failed to load resource" names no URL,
+ * so the URL the message came from is added (what 404'd is then in the test's assertion). */
+export function consoleText(message) {
+  const where = message.location()?.url;
+  return where ? `${message.text()} [${where}]` : message.text();
+}

@@ -7,7 +7,7 @@
 // non-zero with the error on failure (after a screenshot of the page as it was).
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { openBrowser } from "./browser.mjs";
+import { consoleText, openBrowser } from "./browser.mjs";
 
 const args = Object.fromEntries(process.argv.slice(3).reduce((acc, a, i, all) =>
   a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc, []));
@@ -186,7 +186,7 @@ async function pair(page) {
 const { context, close } = await openBrowser();
 const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
-page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+page.on("console", (m) => m.type() === "error" && consoleErrors.push(consoleText(m)));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
 page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 let failed = null;

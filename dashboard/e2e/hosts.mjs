@@ -13,7 +13,7 @@
 // in. Prints `RESULT {json}` last.
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { openBrowser } from "./browser.mjs";
+import { consoleText, openBrowser } from "./browser.mjs";
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc, []));
@@ -153,7 +153,7 @@ async function link(page) {
 const { context, close } = await openBrowser();
 const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
-page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+page.on("console", (m) => m.type() === "error" && consoleErrors.push(consoleText(m)));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
 page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 let failed = null;

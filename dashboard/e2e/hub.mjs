@@ -10,7 +10,7 @@
 import { mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
-import { openBrowser } from "./browser.mjs";
+import { consoleText, openBrowser } from "./browser.mjs";
 
 const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
@@ -43,7 +43,7 @@ async function goto(page, name) {
 const { context, close } = await openBrowser();
 const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
-page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+page.on("console", (m) => m.type() === "error" && consoleErrors.push(consoleText(m)));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
 page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 let failed = null;

@@ -15,7 +15,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
-import { openBrowser } from "./browser.mjs";
+import { consoleText, openBrowser } from "./browser.mjs";
 
 const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 
@@ -231,7 +231,7 @@ const b = B.context.pages()[0] ?? (await B.context.newPage());
 const consoleErrors = [];
 for (const [who, page] of [["A", a], ["B", b]]) {
   page.on("console", (m) => m.type() === "error" && !/401|Unauthorized/.test(m.text())
-    && !(expected400 && /status of 400/.test(m.text())) && consoleErrors.push(`${who}: ${m.text()}`));
+    && !(expected400 && /status of 400/.test(m.text())) && consoleErrors.push(`${who}: ${consoleText(m)}`));
   page.on("pageerror", (e) => consoleErrors.push(`${who}: ${e}`));
   page.setDefaultTimeout(45_000); // beside model suites on two cores, Chromium is slow to draw
 }

@@ -7,7 +7,7 @@
 import { mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
-import { openBrowser } from "./browser.mjs";
+import { consoleText, openBrowser } from "./browser.mjs";
 
 const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 async function axe(page) {
@@ -30,7 +30,7 @@ const result = { screenshots: [] };
 const { context, close } = await openBrowser([]);
 const page = context.pages()[0] ?? (await context.newPage());
 const consoleErrors = [];
-page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
+page.on("console", (m) => m.type() === "error" && consoleErrors.push(consoleText(m)));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
 const failedResponses = [];
 page.on("response", (r) => r.status() >= 400 && failedResponses.push(`${r.status()} ${r.url()}`));

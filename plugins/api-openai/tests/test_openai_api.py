@@ -564,6 +564,19 @@ def test_cancel_by_command_id_ends_the_stream_cleanly(node: NodeProcess) -> None
     _wait_no_tasks(node)
 
 
+def test_a_cancel_that_comes_after_the_client_left_is_answered_as_done(node: NodeProcess) -> None:
+    """Stop in a browser drops the stream and sends the cancel at once; when the drop is read first
+    the request has ended before the cancel arrives: 200 `ended`, not 404. An id never served: 404."""
+    with httpx.stream("POST", node.url + "/v1/chat/completions", json=chat(SLOW, stream=True), timeout=10) as r:
+        command_id = next(r.iter_lines()).split()[-1]
+    _wait_no_tasks(node)
+    cancelled = node.post(f"/v1/cancel/{command_id}")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json() == {"message": "the request had already ended", "command_id": command_id, "ended": True}
+    unknown = node.post("/v1/cancel/00000000-0000-0000-0000-000000000000")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "command_not_found", unknown.text
+
+
 def test_concurrent_streams_stay_separate(client: OpenAI) -> None:
     results: dict[int, str] = {}
 

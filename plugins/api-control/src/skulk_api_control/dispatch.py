@@ -35,6 +35,7 @@ from skulk_kernel.api import (
 
 from .access_log import note_chunk, note_model
 from .continuation import RESUMABLE_CODES, Resumer
+from .ended_requests import ended_requests
 from .middleware import middleware_of
 from .routing import router_for
 
@@ -167,6 +168,7 @@ class InferenceHandle:
         else:
             await self.node.post(FinishTask(command_id=CommandId(new_id()), task_command_id=live))
         self.node.streams.close(live)
+        ended_requests(self.node).add(self.command_id, live)
         if self.resumer is not None:
             self.resumer.release()
 

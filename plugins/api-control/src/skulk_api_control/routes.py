@@ -35,6 +35,7 @@ from skulk_worker import WORKER
 
 from .continuation import stats_for
 from .control_bodies import CreateInstanceBody, PlaceInstanceBody, TracingBody
+from .ended_requests import ended_requests
 from .openapi_body import body_schema
 from .outcomes import outcome_error
 from .placement_defaults import with_defaults
@@ -321,6 +322,8 @@ def add_control_routes(app: Any, node: NodeSurface) -> None:
     @app.post("/v1/cancel/{command_id}")
     async def cancel(command_id: str) -> Any:
         known = command_id in node.state.tasks or command_id in node.streams.open_ids()
+        if not known and command_id in ended_requests(node):  # the request ended as the cancel came
+            return {"message": "the request had already ended", "command_id": command_id, "ended": True}
         if not known:
             return error(404, f"no running request with command id {command_id!r}", "command_not_found")
         outcome = await node.submit(CancelTask(command_id=CommandId(new_id()), task_command_id=command_id))
