@@ -162,6 +162,19 @@ def test_twenty_schemas_validate_on_the_server_backend(chat_server: Any) -> None
         jsonschema.validate(json.loads(text), schema)  # raises with the schema number in the trace
 
 
+def test_a_number_at_its_bound_ends(chat_server: Any) -> None:
+    """Led into `10.` under `maximum: 10`, the grammar leaves only zeros, and SmolLM2 wrote them until
+    max_tokens (every seed, before numbers got a finest step): now the number ends and parses."""
+    schema = {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 10}}}
+    fmt = {"type": "json_schema", "schema": {**schema, "required": ["score"]}, "strict": True}
+    ask = [{"role": "user", "content": 'Repeat exactly: {"score":10.' + "0" * 60}]
+    for seed in range(2):
+        sampling = {"max_tokens": 160, "temperature": 0.2, "seed": seed}
+        text, _, fin = answer(list(chat_server.chat(ask, sampling=sampling, constraint=Constraint(None, fmt))))
+        assert fin.reason == "stop", text
+        assert json.loads(text)["score"] == 10
+
+
 def test_json_object_mode_gives_an_object(chat_server: Any) -> None:
     ask = [{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}]
     fmt = {"type": "json_object"}

@@ -89,6 +89,25 @@ def test_schemas_are_closed_unless_they_allow_extra_keys() -> None:
         call_schema([WEATHER], "nope")
 
 
+def test_integers_and_numbers_get_bounds_that_end_them_unless_they_have_their_own() -> None:
+    """A bound on a value does not end a number (`10.000...` is at most 10): a number also gets a
+    finest step, which llguidance turns into a bound on the digits after the point."""
+    shut = closed({"type": "object", "properties": {"n": {"type": "number", "maximum": 10}, "i": {"type": "integer"}}})
+    assert shut["properties"]["n"] == {
+        "type": "number",
+        "minimum": -constraints.SAFE_INTEGER,
+        "maximum": 10,
+        "multipleOf": constraints.NUMBER_STEP,
+    }
+    assert shut["properties"]["i"] == {
+        "type": "integer",
+        "minimum": -constraints.SAFE_INTEGER,
+        "maximum": constraints.SAFE_INTEGER,
+    }
+    own = {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.25}
+    assert closed(own) == own
+
+
 def test_grammars_embed_the_schema_compactly() -> None:
     lark = constraints.lark_call(call_schema([WEATHER]))
     assert lark.startswith("%llguidance") and '"<tool_call>\\n"' in lark and "%json" in lark

@@ -61,11 +61,17 @@ def parse_tool_choice(raw: str | None) -> Constraint:
 #: I-JSON's interoperable integer range (RFC 7493): the bound an unbounded integer gets, so a
 #: small model cannot write digits until max_tokens cuts the JSON off
 SAFE_INTEGER = 2**53 - 1
+#: the finest step a number without ``multipleOf`` gets: at most 9 digits after the point. A bound
+#: on its value does not end a number (``10.000...`` is at most 10 however many zeros follow), and
+#: SmolLM2 asked for a score of at most 10 wrote zeros until max_tokens; llguidance turns a decimal
+#: ``multipleOf`` into a bound on the fraction's digits
+NUMBER_STEP = 1e-9
 
 
 def closed(schema: Any) -> Any:
     """A copy where every object schema that does not say otherwise allows no extra keys, and every
-    integer without bounds stays within the interoperable range."""
+    integer or number without bounds stays within the interoperable range (a number also within
+    ``NUMBER_STEP``'s digits after the point): each answer the grammar allows is a finite one."""
     if isinstance(schema, list):
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -76,9 +82,11 @@ def closed(schema: Any) -> Any:
     is_object = out.get("type") == "object" or "properties" in out
     if is_object and "additionalProperties" not in out:
         out["additionalProperties"] = False
-    if out.get("type") == "integer":
+    if out.get("type") in ("integer", "number"):
         out.setdefault("minimum", -SAFE_INTEGER)
         out.setdefault("maximum", SAFE_INTEGER)
+    if out.get("type") == "number":
+        out.setdefault("multipleOf", NUMBER_STEP)
     return out
 
 
